@@ -1,0 +1,200 @@
+"""One vLLM async engine on its own event-loop thread, fed with EngineRequests, streaming EngineResponses.
+
+Triton-free: the core model's adapter (core/triton_models.py) gives each request an `emit` callback and an
+`is_cancelled` probe. The engine loop never blocks on Triton: `emit` only enqueues (the adapter sends from
+its own thread, which is what gave the vLLM backend +18%).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import itertools
+import locale
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from core.interface import InvalidInput, Unavailable
+from core.protocol import EngineRequest, EngineResponse, SequenceDelta
+
+log = logging.getLogger("vllm_core")
+
+# emit(response, error, final): exactly one call has final=True; an error call is always final.
+Emit = Callable[[EngineResponse | None, Exception | None, bool], None]
+
+CANCEL_POLL_SECONDS = 0.5
+
+
+def prepare_process_environment() -> None:
+    """Settings vLLM needs inside a Triton Python-backend stub (measured, see ENVIRONMENT.md)."""
+    # The stub's embedded Python runs with LC_CTYPE=C, and torch reads its .jinja files as ASCII then.
+    with contextlib.suppress(locale.Error):
+        locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _logprobs_json(logprobs: Any) -> list[dict[str, list]] | None:
+    if logprobs is None:
+        return None
+    return [
+        {str(token_id): [lp.logprob, lp.rank, lp.decoded_token] for token_id, lp in position.items()}
+        for position in logprobs
+    ]
+
+
+def to_engine_response(output: Any, postprocess_options: dict[str, Any]) -> EngineResponse:
+    """vLLM RequestOutput (DELTA or FINAL_ONLY kind) -> EngineResponse."""
+    return EngineResponse(
+        outputs=[
+            SequenceDelta(
+                index=seq.index,
+                text=seq.text,
+                token_ids=list(seq.token_ids),
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+                cumulative_logprob=seq.cumulative_logprob,
+                logprobs=_logprobs_json(seq.logprobs),
+            )
+            for seq in output.outputs
+        ],
+        num_input_tokens=len(output.prompt_token_ids or ()),
+        finished=output.finished,
+        postprocess_options=postprocess_options,
+    )
+
+
+class Engine:
+    def __init__(self, engine_args: dict[str, Any], lora_adapters: dict[str, str] | None = None) -> None:
+        prepare_process_environment()
+        self._engine_args = engine_args
+        self._lora_adapters = dict(lora_adapters or {})
+        self._ids = itertools.count()
+        self._in_flight: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._llm: Any = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="vllm-engine-loop", daemon=True)
+
+    # Lifecycle ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+        except BaseException as exc:  # noqa: BLE001 - handed to start() in the caller's thread
+            self._start_error = exc
+            self._started.set()
+            return
+        self._started.set()
+        await self._stop.wait()
+        if self._in_flight:
+            await self._llm.abort(list(self._in_flight))
+        self._llm.shutdown()
+
+    def shutdown(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=30)
+        # Drop the engine before the interpreter goes, or AsyncLLM.__del__ logs a TypeError (ENVIRONMENT.md).
+        self._llm = None
+        gc.collect()
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self._llm.model_config.max_model_len if self._llm is not None else None
+
+    @property
+    def errored(self) -> bool:
+        return self._llm is None or bool(self._llm.errored)
+
+    # Requests ----------------------------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool]) -> None:
+        """Start generating; thread-safe, returns at once."""
+        if self._loop is None or self._llm is None:
+            emit(None, Unavailable("the vLLM engine is not running"), True)
+            return
+        asyncio.run_coroutine_threadsafe(self._generate(request, emit, is_cancelled), self._loop)
+
+    def _sampling_params(self, request: EngineRequest) -> Any:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+        params = dict(request.sampling)
+        params.pop("lora_name", None)
+        structured = params.pop("structured_outputs", None)
+        if structured is not None:
+            params["structured_outputs"] = StructuredOutputsParams(**structured)
+        kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
+        try:
+            return SamplingParams(**params, output_kind=kind)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"sampling_parameters: {exc}") from exc
+
+    def _lora_request(self, name: str | None) -> Any:
+        if name is None:
+            return None
+        if name not in self._lora_adapters:
+            known = ", ".join(sorted(self._lora_adapters)) or "none"
+            raise InvalidInput(f"lora_name={name!r}: not an adapter of this deployment (known: {known})")
+        from vllm.lora.request import LoRARequest
+
+        lora_id = sorted(self._lora_adapters).index(name) + 1
+        return LoRARequest(name, lora_id, self._lora_adapters[name])
+
+    async def _generate(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool]) -> None:
+        request_id = f"triton-{next(self._ids)}"
+        finished = False
+        try:
+            sampling = self._sampling_params(request)
+            lora = self._lora_request(request.lora_name)
+            if request.prompt_token_ids is not None:
+                prompt: Any = {"prompt_token_ids": request.prompt_token_ids}
+            elif request.prompt is not None:
+                prompt = {"prompt": request.prompt}
+            else:
+                raise InvalidInput("engine_request: neither prompt_token_ids nor prompt")
+            self._in_flight.add(request_id)
+            async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
+                finished = output.finished
+                emit(to_engine_response(output, request.postprocess_options), None, finished)
+                if finished:
+                    return
+            if not finished:  # the stream ended without a final output (aborted)
+                emit(None, Unavailable("the request was aborted by the engine"), True)
+        except InvalidInput as exc:
+            emit(None, exc, True)
+        except ValueError as exc:  # vLLM's own input validation (prompt too long, bad token ids, ...)
+            emit(None, InvalidInput(str(exc)), True)
+        except asyncio.CancelledError:
+            emit(None, Unavailable("the request was cancelled"), True)
+            raise
+        except Exception as exc:  # noqa: BLE001 - engine died or failed: the client must hear of it
+            log.exception("request %s failed", request_id)
+            emit(None, Unavailable(f"the vLLM engine failed: {exc}"), True)
+        finally:
+            self._in_flight.discard(request_id)
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await self._llm.abort(request_id)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._llm.abort(request_ids)

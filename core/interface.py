@@ -1,0 +1,92 @@
+"""The tensor interface, declared once.
+
+`tools/render_repo.py` writes every `config.pbtxt` from these declarations (each stage class lists which of
+them it consumes and produces), and the Triton adapters read the names from the rendered config. Nothing else
+spells a tensor's type or shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    data_type: str  # Triton config type, e.g. "TYPE_STRING"
+    dims: tuple[int, ...]
+    optional: bool = False
+    doc: str = ""
+
+    @property
+    def numpy_dtype(self) -> type:
+        return NUMPY_DTYPES[self.data_type]
+
+    def as_optional(self) -> TensorSpec:
+        return TensorSpec(self.name, self.data_type, self.dims, True, self.doc)
+
+
+NUMPY_DTYPES: dict[str, type] = {
+    "TYPE_STRING": np.object_,
+    "TYPE_BOOL": np.bool_,
+    "TYPE_FP32": np.float32,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_UINT32": np.uint32,
+}
+
+
+class InvalidInput(ValueError):
+    """A request the client must fix. Adapters turn it into Triton's INVALID_ARG with this message."""
+
+
+class Unavailable(RuntimeError):
+    """The server cannot serve the request now (engine dead, shutting down). Adapters answer UNAVAILABLE."""
+
+
+def _bool(name: str, doc: str) -> TensorSpec:
+    return TensorSpec(name, "TYPE_BOOL", (1,), optional=True, doc=doc)
+
+
+# Public inputs: the Triton vLLM backend's tensors (clients written for it work unchanged), plus chat messages.
+TEXT_INPUT = TensorSpec("text_input", "TYPE_STRING", (1,), optional=True, doc="the prompt")
+MESSAGES = TensorSpec(
+    "messages", "TYPE_STRING", (1,), optional=True, doc="OpenAI-style chat messages (JSON), instead of text_input"
+)
+IMAGE = TensorSpec("image", "TYPE_STRING", (-1,), optional=True, doc="base64 images, one per element")
+STREAM = _bool("stream", "stream deltas (streaming model) instead of one final response")
+SAMPLING_PARAMETERS = TensorSpec(
+    "sampling_parameters", "TYPE_STRING", (1,), optional=True, doc="vLLM sampling parameters (JSON object)"
+)
+EXCLUDE_INPUT_IN_OUTPUT = _bool("exclude_input_in_output", "do not prepend the prompt to a non-streamed output")
+RETURN_FINISH_REASON = _bool("return_finish_reason", "add finish_reason")
+RETURN_CUMULATIVE_LOGPROB = _bool("return_cumulative_logprob", "add cumulative_logprob")
+RETURN_LOGPROBS = _bool("return_logprobs", "add logprobs")
+RETURN_NUM_INPUT_TOKENS = _bool("return_num_input_tokens", "add num_input_tokens")
+RETURN_NUM_OUTPUT_TOKENS = _bool("return_num_output_tokens", "add num_output_tokens")
+
+RETURN_FLAGS = (
+    RETURN_FINISH_REASON,
+    RETURN_CUMULATIVE_LOGPROB,
+    RETURN_LOGPROBS,
+    RETURN_NUM_INPUT_TOKENS,
+    RETURN_NUM_OUTPUT_TOKENS,
+)
+
+# Public outputs, with the vLLM backend's names, types and shapes (one element per sequence when n > 1).
+TEXT_OUTPUT = TensorSpec("text_output", "TYPE_STRING", (-1,))
+FINISH_REASON = TensorSpec("finish_reason", "TYPE_STRING", (-1,))
+CUMULATIVE_LOGPROB = TensorSpec("cumulative_logprob", "TYPE_FP32", (-1,))
+LOGPROBS = TensorSpec("logprobs", "TYPE_STRING", (-1,))
+NUM_INPUT_TOKENS = TensorSpec("num_input_tokens", "TYPE_UINT32", (1,))
+NUM_OUTPUT_TOKENS = TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,))
+
+VLLM_BACKEND_OUTPUTS = (TEXT_OUTPUT, FINISH_REASON, CUMULATIVE_LOGPROB, LOGPROBS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS)
+
+# Internal tensors between the stages. Both are one JSON document (see core/protocol.py): a request or a
+# response carries few, heterogeneous fields, and postprocess must get its per-request options through the core
+# (a step after a decoupled step may only consume that step's outputs, DESIGN.md rule 2.2).
+ENGINE_REQUEST = TensorSpec("engine_request", "TYPE_STRING", (1,), doc="validated engine request (JSON)")
+ENGINE_RESPONSE = TensorSpec("engine_response", "TYPE_STRING", (1,), doc="one engine delta or final (JSON)")

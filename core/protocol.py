@@ -1,0 +1,95 @@
+"""The documents that travel between the stages: `engine_request` (preprocess -> core) and `engine_response`
+(core -> postprocess, one per delta when streaming). Both are JSON in a one-element STRING tensor.
+
+`postprocess_options` is opaque to the core: it is copied into every response, because in the streaming
+ensemble the postprocess step may only consume tensors that come from the core (DESIGN.md rule 2.2).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class EngineRequest:
+    sampling: dict[str, Any]
+    prompt_token_ids: list[int] | None = None
+    prompt: str | None = None  # used by the core only when prompt_token_ids is None (raw-text preprocess)
+    stream: bool = False
+    lora_name: str | None = None
+    postprocess_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> EngineRequest:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class SequenceDelta:
+    """New output of one sequence (index < n) since the previous response of the same request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop", "length", "abort" once the sequence is finished
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+    # One entry per new token: {token_id: [logprob, rank, decoded_token]}; None when logprobs were not asked.
+    logprobs: list[dict[str, list]] | None = None
+
+
+@dataclass
+class EngineResponse:
+    outputs: list[SequenceDelta]
+    num_input_tokens: int
+    finished: bool
+    postprocess_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> EngineResponse:
+        doc = json.loads(text)
+        doc["outputs"] = [SequenceDelta(**o) for o in doc["outputs"]]
+        return cls(**doc)
+
+
+def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
+    """Fold a request's deltas into one response, as if the engine had answered once at the end."""
+    if not responses:
+        raise ValueError("no responses to merge")
+    merged: dict[int, SequenceDelta] = {}
+    for response in responses:
+        for delta in response.outputs:
+            seq = merged.get(delta.index)
+            if seq is None:
+                merged[delta.index] = SequenceDelta(
+                    delta.index,
+                    delta.text,
+                    list(delta.token_ids),
+                    delta.finish_reason,
+                    delta.stop_reason,
+                    delta.cumulative_logprob,
+                    list(delta.logprobs) if delta.logprobs is not None else None,
+                )
+                continue
+            seq.text += delta.text
+            seq.token_ids.extend(delta.token_ids)
+            seq.finish_reason = delta.finish_reason
+            seq.stop_reason = delta.stop_reason
+            seq.cumulative_logprob = delta.cumulative_logprob
+            if delta.logprobs is not None:
+                seq.logprobs = (seq.logprobs or []) + delta.logprobs
+    last = responses[-1]
+    return EngineResponse(
+        outputs=[merged[i] for i in sorted(merged)],
+        num_input_tokens=last.num_input_tokens,
+        finished=last.finished,
+        postprocess_options=last.postprocess_options,
+    )

@@ -1,0 +1,233 @@
+"""The Triton Python-backend adapters. Each `model_repository/*/1/model.py` imports one of these classes.
+
+Only this module (and the model.py files) imports `triton_python_backend_utils`; the logic they call lives in
+Triton-free modules (core.engine, core.protocol, the stage packages), where unit tests reach it.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from core.engine import Engine
+from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_paths
+from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
+from core.protocol import EngineRequest, EngineResponse, merge_responses
+from core.stage import load_stage_class
+
+STAGE_FILE = "stage.json"
+LORA_FILE = "multi_lora.json"
+STAGE_PATH_KEYS = ("tokenizer", "chat_template_file")
+
+
+def _model_dir(args: dict[str, Any]) -> Path:
+    return Path(args["model_repository"]) / args["model_version"]
+
+
+def _config_parameter(model_config: dict[str, Any], key: str, default: str) -> str:
+    return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def _triton_error(exc: BaseException) -> Any:
+    if isinstance(exc, InvalidInput):
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+    if isinstance(exc, Unavailable):
+        return pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+    return pb_utils.TritonError(f"internal error: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+
+def _request_parameters(request: Any) -> dict[str, Any]:
+    raw = request.parameters()
+    return json.loads(raw) if raw else {}
+
+
+def _string_tensor(name: str, text: str) -> Any:
+    return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+
+
+class StageModel:
+    """A preprocess or postprocess stage: `stage.json` names the class and its settings."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.logger = pb_utils.Logger
+        spec = json.loads((_model_dir(args) / STAGE_FILE).read_text())
+        stage_class = load_stage_class(spec["class"])
+        repository_root = Path(args["model_repository"]).parent
+        self.stage = stage_class(resolve_paths(spec.get("settings", {}), repository_root, STAGE_PATH_KEYS))
+        self.input_names = [t.name for t in stage_class.inputs]
+        self.output_types = {t.name: t.numpy_dtype for t in stage_class.outputs}
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return [self._run(request) for request in requests]
+
+    def _run(self, request: Any) -> Any:
+        try:
+            inputs = {}
+            for name in self.input_names:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    inputs[name] = tensor.as_numpy()
+            outputs = self.stage.process(inputs, _request_parameters(request))
+            return pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor(name, np.asarray(value, dtype=self.output_types[name]))
+                    for name, value in outputs.items()
+                ]
+            )
+        except InvalidInput as exc:
+            return pb_utils.InferenceResponse(error=_triton_error(exc))
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the model down
+            self.logger.log_error(f"stage {type(self.stage).__name__} failed: {traceback.format_exc()}")
+            return pb_utils.InferenceResponse(error=_triton_error(exc))
+
+
+class CoreModel:
+    """Decoupled: owns the vLLM engine; one response per engine output (one in all when not streaming)."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.logger = pb_utils.Logger
+        model_dir = _model_dir(args)
+        lora_file = model_dir / LORA_FILE
+        loras = json.loads(lora_file.read_text()) if lora_file.exists() else {}
+        self.engine = Engine(load_engine_args(model_dir / ENGINE_ARGS_FILE), lora_adapters=loras)
+        self.engine.start()
+        # Responses are sent from this thread, so the engine's event loop never waits on Triton IPC.
+        self._outbox: queue.SimpleQueue[tuple[Any, Any, int] | None] = queue.SimpleQueue()
+        self._sender_thread = threading.Thread(target=self._send_loop, name="vllm-core-sender", daemon=True)
+        self._sender_thread.start()
+
+    def _send_loop(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            sender, response, flags = item
+            try:
+                sender.send(response, flags=flags)
+            except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
+                self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
+                engine_request = EngineRequest.from_json(tensor.as_numpy().reshape(-1)[0])
+            except Exception as exc:  # noqa: BLE001
+                self._reply_error(sender, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"))
+                continue
+            self.engine.submit(engine_request, self._emitter(sender), sender.is_cancelled)
+        return None
+
+    def _reply_error(self, sender: Any, exc: BaseException) -> None:
+        response = pb_utils.InferenceResponse(error=_triton_error(exc))
+        self._outbox.put((sender, response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+
+    def _emitter(self, sender: Any):
+        final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
+            if error is not None:
+                self._reply_error(sender, error)
+                return
+            out = pb_utils.InferenceResponse(output_tensors=[_string_tensor(ENGINE_RESPONSE.name, response.to_json())])
+            self._outbox.put((sender, out, final_flag if final else 0))
+
+        return emit
+
+    def finalize(self) -> None:
+        self.engine.shutdown()
+        self._outbox.put(None)
+        self._sender_thread.join(timeout=10)
+
+
+class GenerateModel:
+    """Non-decoupled BLS: drives the decoupled core and answers each request with one merged response.
+
+    `execute` hands each request to a worker thread and returns None at once; the worker answers through the
+    request's own response sender (one response, FINAL), so requests never wait for each other (DESIGN.md
+    rule 3). Worker threads block in Triton's BLS response iterator, which releases the GIL while waiting.
+    """
+
+    # Iterators of cancelled requests are kept this long before Python may free them (see _release).
+    DEFERRED_RELEASE_SECONDS = 5.0
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.logger = pb_utils.Logger
+        model_config = json.loads(args["model_config"])
+        self.core_model = _config_parameter(model_config, "core_model", "vllm_core")
+        workers = int(_config_parameter(model_config, "max_in_flight", "512"))
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="generate")
+        self._graveyard: deque[tuple[float, Any]] = deque()
+        self._graveyard_lock = threading.Lock()
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            self.pool.submit(self._serve, request, request.get_response_sender())
+        return None
+
+    def _serve(self, request: Any, sender: Any) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            response = self._generate(request, sender)
+        except Exception as exc:  # noqa: BLE001
+            if not isinstance(exc, (InvalidInput, Unavailable)):
+                self.logger.log_error(f"generate failed: {traceback.format_exc()}")
+            response = pb_utils.InferenceResponse(error=_triton_error(exc))
+        sender.send(response, flags=final)
+
+    def _generate(self, request: Any, sender: Any) -> Any:
+        engine_request = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
+        if engine_request is None:
+            raise InvalidInput(f"{ENGINE_REQUEST.name} is missing")
+        child = pb_utils.InferenceRequest(
+            model_name=self.core_model,
+            inputs=[engine_request],
+            requested_output_names=[ENGINE_RESPONSE.name],
+        )
+        iterator = child.exec(decoupled=True)
+        deltas: list[EngineResponse] = []
+        error = None
+        for child_response in iterator:
+            if child_response.has_error():
+                error = child_response.error()
+                continue
+            tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
+            if tensor is not None:
+                deltas.append(EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0]))
+        self._release(iterator, sender)
+        if error is not None:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code()))
+        if not deltas:
+            raise Unavailable(f"{self.core_model} returned no response")
+        merged = merge_responses(deltas)
+        return pb_utils.InferenceResponse(output_tensors=[_string_tensor(ENGINE_RESPONSE.name, merged.to_json())])
+
+    def _release(self, iterator: Any, sender: Any) -> None:
+        """Drop the BLS response iterator only when the Triton 2.51 stub can no longer be freeing it.
+
+        On 2.51 the stub may destroy a dropped iterator (and its numpy object arrays) off the GIL while the
+        server's cleanup message for it is still in flight; under load that corrupted the stub's heap
+        (DESIGN.md rule 3; fixed upstream in python_backend b771f4f). `is_cancelled()` is a round trip
+        through the same stub<->server queue, so once it returns that message has been handled. A cancelled
+        request answers `is_cancelled()` from a cached flag without the round trip, so its iterator is
+        parked for a few seconds instead.
+        """
+        cancelled = sender.is_cancelled()
+        now = time.monotonic()
+        with self._graveyard_lock:
+            if cancelled:
+                self._graveyard.append((now + self.DEFERRED_RELEASE_SECONDS, iterator))
+            while self._graveyard and self._graveyard[0][0] <= now:
+                self._graveyard.popleft()
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self._graveyard.clear()

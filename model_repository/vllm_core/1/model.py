@@ -1,0 +1,4 @@
+# Rendered by tools/render_repo.py from a deployment config. Do not edit: change the config and re-render.
+"""Triton adapter for the vLLM core (decoupled, owns the engine); the logic lives in core/ and the stage packages."""
+
+from core.triton_models import CoreModel as TritonPythonModel  # noqa: F401

@@ -1,0 +1,122 @@
+"""preprocess.sampling: strict, typed sampling parameters; every input is accepted typed or rejected clearly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.interface import InvalidInput
+from preprocess.sampling import SAMPLING_RULES, validate_sampling
+
+
+def test_every_rule_is_a_vllm_sampling_param():
+    from vllm.sampling_params import SamplingParams
+
+    fields = (
+        {f.name for f in dataclasses.fields(SamplingParams)}
+        if dataclasses.is_dataclass(SamplingParams)
+        else set(SamplingParams.__annotations__)
+    )
+    ours = set(SAMPLING_RULES) - {"lora_name", "guided_decoding"}
+    assert ours <= fields, ours - fields
+
+
+def test_string_forms_are_accepted_as_the_vllm_backend_accepts_them():
+    got = validate_sampling('{"temperature": "0.5", "max_tokens": "16", "ignore_eos": "true"}', {})
+    assert got == {"temperature": 0.5, "max_tokens": 16, "ignore_eos": True}
+    assert type(got["max_tokens"]) is int and type(got["temperature"]) is float
+
+
+def test_tensor_wins_over_request_parameters_per_key():
+    got = validate_sampling('{"max_tokens": 3}', {"max_tokens": 9, "temperature": 0})
+    assert got == {"max_tokens": 3, "temperature": 0.0}
+
+
+def test_triton_frontend_parameters_are_not_sampling_parameters():
+    assert validate_sampling(None, {"binary_data_output": True, "triton_enable_empty_final_response": True}) == {}
+
+
+def test_lists_may_arrive_json_encoded_in_request_parameters():
+    assert validate_sampling(None, {"stop": '["a", "b"]'}) == {"stop": ["a", "b"]}
+    assert validate_sampling(None, {"stop": "[not json"}) == {"stop": "[not json"}
+
+
+def test_null_keeps_the_default():
+    assert validate_sampling('{"seed": null}', {}) == {}
+
+
+def test_guided_decoding_is_mapped_to_structured_outputs():
+    got = validate_sampling('{"guided_decoding": {"choice": ["a", "b"], "backend": "xgrammar"}}', {})
+    assert got == {"structured_outputs": {"choice": ["a", "b"]}}
+
+
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"n": 0}, "n=0: must be >= 1"),
+        ({"top_k": -2}, "top_k=-2: must be -1 or 0"),
+        ({"min_p": 2}, "min_p=2: must be in [0, 1]"),
+        ({"presence_penalty": 3}, "presence_penalty=3: must be in [-2, 2]"),
+        ({"repetition_penalty": 0}, "repetition_penalty=0: must be > 0"),
+        ({"temperature": "nan"}, "temperature: must be a finite number"),
+        ({"max_tokens": True}, "max_tokens: expected an integer, got boolean"),
+        ({"stop": [1]}, "stop[0]: expected a string, got 1"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids=[-1]: token ids must be >= 0"),
+        ({"ignore_eos": "maybe"}, "ignore_eos: expected a boolean, got 'maybe'"),
+        ({"logit_bias": {"x": 1}}, "logit_bias key: expected an integer, got 'x'"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens=5 must be <= max_tokens=2"),
+        ({"structured_outputs": 3}, "structured_outputs: expected an object"),
+    ],
+)
+def test_bad_values_name_field_value_and_rule(doc, message):
+    with pytest.raises(InvalidInput) as failure:
+        validate_sampling(json.dumps(doc), {})
+    assert message in str(failure.value)
+
+
+def test_engine_limits_from_the_deployment():
+    with pytest.raises(InvalidInput, match=r"logprobs=21: must be <= 20"):
+        validate_sampling('{"logprobs": 21}', {}, max_logprobs=20)
+    with pytest.raises(InvalidInput, match=r"lora_name='x': not an adapter of this deployment \(known: a\)"):
+        validate_sampling('{"lora_name": "x"}', {}, known_loras=frozenset({"a"}))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+keys = st.sampled_from(sorted(SAMPLING_RULES)) | st.text(max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(keys, json_values, max_size=5),
+    st.dictionaries(keys, st.booleans() | st.integers() | st.text(max_size=6), max_size=3),
+)
+def test_any_json_is_accepted_typed_or_rejected_with_a_message(doc, parameters):
+    try:
+        got = validate_sampling(json.dumps(doc), parameters)
+    except InvalidInput as exc:
+        assert str(exc)
+        return
+    for key, value in got.items():
+        assert key in SAMPLING_RULES
+        assert value is not None
+        if key in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            assert type(value) is float
+        if key in ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
+            assert type(value) is int
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_any_tensor_text_is_accepted_or_rejected_with_a_message(text):
+    try:
+        validate_sampling(text, {})
+    except InvalidInput as exc:
+        assert str(exc)

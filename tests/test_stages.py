@@ -1,0 +1,127 @@
+"""The default stages and the wire protocol, without Triton."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from core.interface import InvalidInput
+from core.protocol import EngineRequest, EngineResponse, SequenceDelta, merge_responses
+from postprocess.vllm_backend import VllmBackendPostprocessor
+from preprocess.default import Preprocessor
+
+
+@pytest.fixture(scope="module")
+def preprocessor(tiny_model):
+    return Preprocessor({"tokenizer": str(tiny_model), "max_model_len": 64, "max_logprobs": 5, "lora_names": []})
+
+
+def _text(value: str) -> np.ndarray:
+    return np.array([value.encode()], dtype=np.object_)
+
+
+def _request(preprocessor, **inputs) -> EngineRequest:
+    out = preprocessor.process(inputs, {})
+    return EngineRequest.from_json(out["engine_request"][0])
+
+
+def test_preprocess_tokenizes_like_the_model_tokenizer(preprocessor):
+    request = _request(preprocessor, text_input=_text("Grüße aus München"))
+    assert request.prompt_token_ids == preprocessor.tokenizer.encode("Grüße aus München")
+    assert request.stream is False
+    assert request.postprocess_options == {"prompt_prefix": "Grüße aus München", "return": []}
+
+
+def test_preprocess_echo_rules_follow_the_vllm_backend(preprocessor):
+    streaming = _request(preprocessor, text_input=_text("Hi"), stream=np.array([True]))
+    assert streaming.postprocess_options["prompt_prefix"] == ""
+    excluded = _request(preprocessor, text_input=_text("Hi"), exclude_input_in_output=np.array([True]))
+    assert excluded.postprocess_options["prompt_prefix"] == ""
+    with pytest.raises(InvalidInput, match="exclude_input_in_output=false is not allowed when streaming"):
+        _request(
+            preprocessor, text_input=_text("Hi"), stream=np.array([True]), exclude_input_in_output=np.array([False])
+        )
+
+
+def test_preprocess_rejects_missing_or_malformed_prompt(preprocessor):
+    with pytest.raises(InvalidInput, match="text_input is required"):
+        preprocessor.process({}, {})
+    with pytest.raises(InvalidInput, match="text_input: not valid UTF-8"):
+        preprocessor.process({"text_input": np.array([b"\xff\xfe"], dtype=np.object_)}, {})
+    with pytest.raises(InvalidInput, match="text_input: expected exactly one element"):
+        preprocessor.process({"text_input": np.array([b"a", b"b"], dtype=np.object_)}, {})
+
+
+def test_preprocess_rejects_prompts_beyond_the_context(preprocessor):
+    with pytest.raises(InvalidInput, match="the model's context is 64 tokens"):
+        preprocessor.process({"text_input": _text("word " * 200)}, {})
+    with pytest.raises(InvalidInput, match="max_tokens=62: the prompt's"):
+        preprocessor.process(
+            {"text_input": _text("Hello there"), "sampling_parameters": _text('{"max_tokens": 62}')}, {}
+        )
+
+
+def _response(**options) -> EngineResponse:
+    return EngineResponse(
+        outputs=[
+            SequenceDelta(
+                0, "bonjour", [5, 6], "length", None, -1.5, [{"5": [-0.5, 1, "bon"]}, {"6": [-1.0, 1, "jour"]}]
+            ),
+            SequenceDelta(1, "hi", [7], None, None, None, None),
+        ],
+        num_input_tokens=3,
+        finished=True,
+        postprocess_options=options,
+    )
+
+
+def _post(response: EngineResponse) -> dict[str, np.ndarray]:
+    raw = np.array([response.to_json().encode()], dtype=np.object_)
+    return VllmBackendPostprocessor({}).process({"engine_response": raw}, {})
+
+
+def test_postprocess_outputs_only_what_was_asked():
+    out = _post(_response(prompt_prefix="Say: ", **{"return": []}))
+    assert set(out) == {"text_output"}
+    assert out["text_output"].tolist() == [b"Say: bonjour", b"Say: hi"]
+
+
+def test_postprocess_all_outputs_with_the_vllm_backend_types():
+    flags = [
+        "return_finish_reason",
+        "return_cumulative_logprob",
+        "return_logprobs",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+    ]
+    out = _post(_response(prompt_prefix="", **{"return": flags}))
+    assert out["finish_reason"].tolist() == [b"length", b"None"]
+    assert out["cumulative_logprob"].dtype == np.float32
+    assert out["cumulative_logprob"][0] == pytest.approx(-1.5) and math.isnan(out["cumulative_logprob"][1])
+    assert json.loads(out["logprobs"][0]) == [
+        {"5": {"logprob": -0.5, "rank": 1, "decoded_token": "bon"}},
+        {"6": {"logprob": -1.0, "rank": 1, "decoded_token": "jour"}},
+    ]
+    assert out["logprobs"][1] == b"null"
+    assert out["num_input_tokens"].tolist() == [3] and out["num_input_tokens"].dtype == np.uint32
+    assert out["num_output_tokens"].tolist() == [2, 1] and out["num_output_tokens"].dtype == np.uint32
+
+
+def test_merge_joins_deltas_per_sequence():
+    deltas = [
+        EngineResponse([SequenceDelta(0, "a", [1]), SequenceDelta(1, "x", [9])], 4, False, {"k": 1}),
+        EngineResponse([SequenceDelta(0, "b", [2], "stop", "b", -2.0, None)], 4, False, {"k": 1}),
+        EngineResponse([SequenceDelta(1, "y", [8], "length")], 4, True, {"k": 1}),
+    ]
+    merged = merge_responses(deltas)
+    assert [(s.index, s.text, s.token_ids, s.finish_reason) for s in merged.outputs] == [
+        (0, "ab", [1, 2], "stop"),
+        (1, "xy", [9, 8], "length"),
+    ]
+    assert merged.finished and merged.num_input_tokens == 4 and merged.postprocess_options == {"k": 1}
+    assert EngineResponse.from_json(merged.to_json()) == merged
+    with pytest.raises(ValueError):
+        merge_responses([])

@@ -1,0 +1,181 @@
+"""Start and stop the real `tritonserver` (Triton 2.51 from the nvidia-pytriton wheel) on this repository.
+
+Used by `tools/serve.py` and by the test suite. The server runs in its own process group, so stopping it also
+stops every Python-backend stub and vLLM's EngineCore process; each server gets its own shared-memory prefix,
+so its leftovers (if any) can be removed without touching another server's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytriton_root() -> Path:
+    spec = importlib.util.find_spec("pytriton")  # not imported: PyTriton's own API is not installed
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("nvidia-pytriton is not installed; run tools/setup_env.sh")
+    return Path(spec.submodule_search_locations[0]) / "tritonserver"
+
+
+def server_environment() -> dict[str, str]:
+    """The environment the server and its stubs need (ENVIRONMENT.md: venv python first on PATH, libpython)."""
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # The project's packages (core, preprocess, postprocess) must import inside the stubs even without an
+    # editable install.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    def __init__(
+        self,
+        model_repository: Path,
+        *,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        address: str = "127.0.0.1",
+        log_file: Path | None = None,
+        exit_timeout_secs: int = 15,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.address = address
+        self.log_file = log_file
+        self.exit_timeout_secs = exit_timeout_secs
+        self.extra_args = list(extra_args or [])
+        self.shm_prefix = f"tvllm{uuid.uuid4().hex[:8]}_"
+        self.process: subprocess.Popen | None = None
+        self._log_handle = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.address}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.address}:{self.grpc_port}"
+
+    def command(self) -> list[str]:
+        root = pytriton_root()
+        return [
+            str(root / "bin" / "tritonserver"),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={root / 'backends'}",
+            f"--http-address={self.address}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.address}",
+            f"--metrics-port={self.metrics_port}",
+            f"--exit-timeout-secs={self.exit_timeout_secs}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        stdout = subprocess.DEVNULL
+        if self.log_file is not None:
+            self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+            stdout = self._log_handle
+        self.process = subprocess.Popen(
+            self.command(),
+            env=server_environment(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stubs and EngineCore stop with it
+        )
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        """Seconds until ready; raises if the server exits or is not ready in time."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise RuntimeError(f"tritonserver exited with code {code} before it was ready{self._log_hint()}")
+            if self.is_ready():
+                return time.monotonic() - start
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_hint()}")
+
+    def _log_hint(self) -> str:
+        return f" (log: {self.log_file})" if self.log_file else ""
+
+    def stop(self, grace: float | None = None) -> int | None:
+        """SIGINT, wait for Triton's own shutdown, then kill whatever is left of the process group."""
+        if self.process is None:
+            return None
+        grace = self.exit_timeout_secs + 15 if grace is None else grace
+        pgid = self.process.pid
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        _kill_group(pgid)
+        self._remove_shm()
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+        return self.process.returncode
+
+    def _remove_shm(self) -> None:
+        for path in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            path.unlink(missing_ok=True)
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _kill_group(pgid: int) -> None:
+    """Stubs or an EngineCore that outlived the server (after a crash) still carry its process group."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
