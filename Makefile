@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SERVE_ARGS ?=
 
-.PHONY: setup serve test lint render
+.PHONY: setup serve test lint render bench
+BENCH_ARGS ?=
 
 setup:
 	bash tools/setup_env.sh
@@ -23,3 +24,7 @@ render: setup
 test: lint
 	$(PY) tools/render_repo.py --check
 	$(PY) -m pytest
+
+# Side-by-side benchmark (bare vLLM, vllm serve, our ensembles); not part of the test suite.
+bench: setup
+	$(PY) tools/bench.py $(BENCH_ARGS)

@@ -36,7 +36,7 @@ fi
 pip install --no-deps "nvidia-pytriton==0.7.0"
 # The project itself (editable) with its test tools. numpy<2 last: the 2.51 Python-backend stub was built
 # against numpy 1 and corrupts tensors with numpy 2.
-pip install -e ".[test]"
+pip install -e ".[test,bench]"
 pip install "numpy==1.26.4"
 
 # Put the stub for this Python version where the Python backend looks for it.
