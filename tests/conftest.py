@@ -72,12 +72,7 @@ def server(tiny_model: Path, offline_reference_process, tmp_path_factory: pytest
         log_file=log,
         exit_timeout_secs=10,
     )
-    instance.start()
-    try:
-        instance.startup_seconds = instance.wait_ready(timeout=600)
-    except Exception:
-        instance.stop()
-        raise
+    instance.startup_seconds = instance.start_and_wait(timeout=600)
     yield instance
     instance.stop()
 

@@ -545,9 +545,8 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
                 metrics_port=free_port(),
                 log_file=out / f"triton-{rep}.log",
             )
-            server.start()
             try:
-                server.wait_ready(600)
+                server.start_and_wait(600)
                 client = TritonPaths(server, "vllm_model", "vllm_model_stream")
                 await client.open()
                 senders = {

@@ -63,9 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
 
     print(f"Starting tritonserver on {args.repository} (log: {args.log_file}) ...", flush=True)
-    server.start()
     try:
-        seconds = server.wait_ready(timeout=600)
+        seconds = server.start_and_wait(timeout=600)
         print(
             f"Ready in {seconds:.1f} s: HTTP {server.http_url}, gRPC {server.grpc_url}, "
             f"metrics {args.address}:{args.metrics_port}\n"

@@ -131,6 +131,25 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_hint()}")
 
+    def start_and_wait(self, timeout: float = 600.0, attempts: int = 2) -> float:
+        """start() + wait_ready(), starting again if the server dies before it is ready.
+
+        Triton 2.51's Python backend can abort at start-up under heavy load (seen here once:
+        "terminate called after throwing an instance of 'boost::interprocess::lock_exception'", a known
+        intermittent upstream crash). A server that dies before it is ready has served nothing, so one more
+        start is safe; the failure is still reported on stderr.
+        """
+        for attempt in range(1, attempts + 1):
+            self.start()
+            try:
+                return self.wait_ready(timeout)
+            except RuntimeError as exc:  # exited before ready; a TimeoutError is not retried
+                self.stop()
+                if attempt == attempts:
+                    raise
+                print(f"tritonserver start {attempt} failed, starting again: {exc}", file=sys.stderr)
+        raise AssertionError("unreachable")
+
     def _log_hint(self) -> str:
         return f" (log: {self.log_file})" if self.log_file else ""
 
