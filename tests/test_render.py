@@ -63,8 +63,7 @@ def _config(tmp_path: Path, text: str) -> Path:
         ("model: ./m\nimages: {max_byte: 10}\n", "images.max_byte: unknown key; did you mean 'max_bytes'?"),
         ("model: ./m\nimages: {max_pixels: 1.5}\n", "images.max_pixels: expected int, got float 1.5"),
         ("model: ./m\nimages: {max_images: 0}\n", "images.max_images: must be >= 1"),
-        ("model: ./m\nchat_template: {allow_per_request: true}\n", "chat_template: give exactly one of"),
-        ("model: ./m\nchat_template: {inline: x, file: y}\n", "chat_template: give exactly one of"),
+        ("model: ./m\nchat_template: {inline: x, file: y}\n", "chat_template: give 'inline' (the template) or 'file'"),
         ("model: ./m\nchat_template: {file: nowhere.jinja}\n", "chat_template.file: no such file 'nowhere.jinja'"),
         ("model: ./m\nchat_template: {inline: 3}\n", "chat_template.inline: expected str, got int 3"),
         ("model: ./m\nlora_adapters: {a: 3}\n", "lora_adapters.a: expected str, got int 3"),
@@ -218,3 +217,7 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     settings = json.loads(inline["preprocess/1/stage.json"])["settings"]
     assert (settings["chat_template"], settings["allow_request_chat_template"]) == ("T", False)
     assert "chat_template_file" not in settings
+    own = render(load_deployment(_config(tmp_path, "model: ./m\nchat_template: {allow_per_request: true}\n")), tmp_path)
+    settings = json.loads(own["preprocess/1/stage.json"])["settings"]
+    assert settings["allow_request_chat_template"] is True
+    assert "chat_template" not in settings and "chat_template_file" not in settings

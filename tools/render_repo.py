@@ -243,8 +243,11 @@ def check_deployment(deployment: Deployment) -> None:
     _check_engine_args(deployment)
     template = deployment.chat_template
     if template is not None:
-        if (template.inline is None) == (template.file is None):
-            raise ConfigError("chat_template: give exactly one of 'inline' (the template) or 'file' (a path)")
+        if template.inline is not None and template.file is not None:
+            raise ConfigError(
+                "chat_template: give 'inline' (the template) or 'file' (a path), not both; neither keeps the"
+                " model's own template"
+            )
         if template.file is not None and not (deployment.base_dir / template.file).is_file():
             raise ConfigError(
                 f"chat_template.file: no such file {template.file!r} (relative to the config file's folder)"
@@ -593,7 +596,7 @@ def _preprocess_options(deployment: Deployment, out: Path) -> dict[str, Any]:
     if template is not None:
         if template.inline is not None:
             options["chat_template"] = template.inline
-        else:
+        elif template.file is not None:
             options["chat_template_file"] = _repo_relative(deployment.base_dir / str(template.file), out)
         options["allow_request_chat_template"] = template.allow_per_request
     if deployment.images is not None:
