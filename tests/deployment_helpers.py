@@ -35,6 +35,9 @@ def start_server(repository: Path, log: Path, timeout: float = 900) -> TritonSer
         metrics_port=free_port(),
         log_file=log,
         exit_timeout_secs=10,
+        # One model at a time: with three vLLM engines starting at once in one server, one engine's start-up
+        # hung (seen once, after its EngineCore had started; cause not found). Serial loads avoid the overlap.
+        extra_args=["--model-load-thread-count=1"],
     )
     server.start()
     try:
