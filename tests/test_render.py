@@ -76,6 +76,12 @@ def _config(tmp_path: Path, text: str) -> Path:
             "model: ./m\nengine_args: {max_model_length: 512}\n",
             "engine_args.max_model_length: not a vLLM AsyncEngineArgs field; did you mean 'max_model_len'?",
         ),
+        (
+            "model: ./m\nengine_args: {max_model_len: '512'}\n",
+            "engine_args.max_model_len: vLLM expects int, got str '512'",
+        ),
+        ("model: ./m\nengine_args: {enforce_eager: 1}\n", "engine_args.enforce_eager: vLLM expects bool, got int 1"),
+        ("model: ./m\nengine_args: {dtype: bf16}\n", "engine_args.dtype: vLLM expects Literal['auto', 'half', "),
         ("model: ./m\nnames: {plain: a/b}\n", "names.plain: 'a/b' is not a usable model name"),
         ("model: ./m\ngenerate: {max_in_flight: 0}\n", "generate.max_in_flight: must be >= 1"),
         ("model: ./m\npreprocess: {class: rawr}\n", "preprocess.class: 'rawr' is not a built-in preprocess"),

@@ -16,6 +16,8 @@ import json
 import os
 import re
 import sys
+import types
+import typing
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -203,13 +205,34 @@ def substitute(doc: Any, variables: dict[str, str], where: str = "") -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def vllm_engine_arg_names() -> frozenset[str] | None:
-    """The fields of vLLM's AsyncEngineArgs (None when vLLM is not installed where the renderer runs)."""
+def vllm_engine_arg_types() -> dict[str, Any] | None:
+    """Field name -> type of vLLM's AsyncEngineArgs (None when vLLM is not installed where the renderer runs)."""
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
     except ImportError:
         return None
-    return frozenset(f.name for f in fields(AsyncEngineArgs))
+    return {f.name: f.type for f in fields(AsyncEngineArgs)}
+
+
+def _accepts(hint: Any, value: Any) -> bool | None:
+    """Whether a JSON value fits a field type of AsyncEngineArgs; None where this simple check cannot tell."""
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_accepts(arg, value) for arg in typing.get_args(hint)]
+        return True if True in verdicts else (None if None in verdicts else False)
+    return None
 
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -263,13 +286,16 @@ def _check_engine_args(deployment: Deployment) -> None:
     args = deployment.engine_args
     if "model" in args:
         raise ConfigError("engine_args.model: set the model with the top-level 'model' key instead")
-    known = vllm_engine_arg_names()
+    known = vllm_engine_arg_types()
     if known is not None:
-        for key in args:
+        for key, value in args.items():
             if key not in known:
                 raise ConfigError(
                     f"engine_args.{key}: not a vLLM AsyncEngineArgs field; {_did_you_mean(key, sorted(known))}"
                 )
+            if _accepts(known[key], value) is False:
+                expected = str(known[key]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+                raise ConfigError(f"engine_args.{key}: vLLM expects {expected}, got {type(value).__name__} {value!r}")
     if deployment.lora_adapters and args.get("enable_lora") is not True:
         raise ConfigError(
             "lora_adapters: vLLM serves adapters only with engine_args.enable_lora: true; add it (and max_loras"
