@@ -56,7 +56,7 @@ class ExtraOutput(_Base):
 class NeedsRequestInput(_Base):
     """Needs `stream` from the request after the decoupled core: Triton would refuse the streaming ensemble."""
 
-    inputs = (tensors.ENGINE_RESPONSE, tensors.STREAM)
+    inputs = (tensors.ENGINE_RESPONSE, TensorSpec("stream", "TYPE_BOOL", (1,)))
     outputs = (tensors.TEXT_OUTPUT,)
 
 

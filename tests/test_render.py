@@ -88,6 +88,11 @@ def _config(tmp_path: Path, text: str) -> Path:
         ("model: ./m\npreprocess: {class: rawr}\n", "did you mean 'raw'?"),
         ("model: ./m\npostprocess: {class: open_ai}\n", "did you mean 'openai'?"),
         (
+            "model: ./m\npreprocess: {class: raw}\nchat_template: {inline: x}\n",
+            "chat_template: the raw preprocess takes the prompt text only (no chat template, no images)",
+        ),
+        ("model: ./m\npreprocess: {class: raw}\nimages: {max_images: 1}\n", "images: the raw preprocess takes"),
+        (
             "model: ./m\npostprocess: {class: nowhere.module:Cls}\n",
             "postprocess.class: stage class 'nowhere.module:Cls'",
         ),

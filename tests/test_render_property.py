@@ -62,9 +62,10 @@ def deployments(draw: st.DrawFn, runnable: bool = False) -> dict[str, Any]:
         config["names"] = dict(
             zip(["plain", "streaming", "core", "generate", "preprocess", "postprocess"], names, strict=True)
         )
-    if draw(st.booleans()):
+    chat_aware = "raw" not in config["preprocess"]["class"]  # the raw preprocess takes no template, no images
+    if chat_aware and draw(st.booleans()):
         config["chat_template"] = {"inline": CHAT_TEMPLATE, "allow_per_request": draw(st.booleans())}
-    if draw(st.booleans()):
+    if chat_aware and draw(st.booleans()):
         config["images"] = {
             key: draw(st.integers(1, 1 << 24)) for key in draw(st.sets(st.sampled_from(["max_bytes", "max_pixels"])))
         }
@@ -180,11 +181,19 @@ def test_sampled_configs_load_in_tritonserver_and_answer(tmp_path_factory: pytes
 
 def test_the_tree_check_fails_on_wiring_triton_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The checker above is not vacuous: without the renderer's own wiring check, a postprocess that needs a
-    request tensor renders to a tree it rejects (as Triton does)."""
+    request tensor renders to a tree it rejects, and so does feeding that tensor from the request."""
     import tools.render_repo as render_repo
 
     monkeypatch.setattr(render_repo, "check_wiring", lambda *args: None)
     config = {"model": "./m", "postprocess": {"class": "tests.custom_stages:NeedsRequestInput"}}
     files = render(_load(config, tmp_path), tmp_path / "repo")
     with pytest.raises(AssertionError, match=r"postprocess is not fed \{'stream'\}"):
+        check_tree_as_triton_would(files)
+
+    # Wire it from the request as well: the step after the decoupled core then mixes origins (rule 2.2).
+    stream_config = text_format.Parse(files["vllm_model_stream/config.pbtxt"], model_config_pb2.ModelConfig())
+    stream_config.ensemble_scheduling.step[2].input_map["stream"] = "stream"
+    files["vllm_model_stream/config.pbtxt"] = text_format.MessageToString(stream_config)
+    files.pop("vllm_model/config.pbtxt")  # the plain ensemble (no decoupled step) is not the point here
+    with pytest.raises(AssertionError, match=r"vllm_model_stream: postprocess mixes tensors .* \(DESIGN.md rule 2.2\)"):
         check_tree_as_triton_would(files)

@@ -539,6 +539,13 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
     pre_cls = load_stage("preprocess", deployment.preprocess.cls)
     post_cls = load_stage("postprocess", deployment.postprocess.cls)
     check_wiring(pre_cls, post_cls, names)
+    if stage_path("preprocess", deployment.preprocess.cls) == BUILTIN_STAGES["preprocess"]["raw"]:
+        for key in ("chat_template", "images"):
+            if getattr(deployment, key) is not None:
+                raise ConfigError(
+                    f"{key}: the raw preprocess takes the prompt text only (no chat template, no images);"
+                    " remove the key or use preprocess.class: default"
+                )
 
     model = deployment.model
     if _is_local(model):
