@@ -42,7 +42,8 @@ def start_server(repository: Path, log: Path, timeout: float = 900) -> TritonSer
     server.start()
     try:
         server.wait_ready(timeout=timeout)
-    except BaseException:
+    except BaseException as exc:
         server.stop()
-        raise
+        errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("E")]
+        raise RuntimeError(f"{exc}; the log's errors:\n" + "\n".join(errors[-20:])) from exc
     return server

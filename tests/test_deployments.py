@@ -27,7 +27,7 @@ engine_args: {{enforce_eager: true, max_model_len: 512, kv_cache_memory_bytes: 2
 preprocess: {{class: raw}}
 postprocess:
   class: tests.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path
-  settings: {{prefix: "[custom] "}}
+  settings: {{prefix: "[grüße] "}}                       # non-ASCII: the stub reads stage.json as ASCII
 names: {{plain: custom_model, streaming: custom_model_stream}}
 """
 
@@ -68,7 +68,7 @@ def test_custom_stage_by_import_path_serves_requests(examples_server, base_text)
     finally:
         client.close()
     # The raw preprocess sends the prompt as text (vLLM tokenizes it): same tokens, same greedy continuation.
-    assert outputs["text_output"][0].decode() == "[custom] " + base_text.upper()
+    assert outputs["text_output"][0].decode() == "[grüße] " + base_text.upper()
 
 
 def test_openai_example_answers_with_a_chat_completion(examples_server, base_text):

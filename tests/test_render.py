@@ -232,3 +232,18 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     settings = json.loads(own["preprocess/1/stage.json"])["settings"]
     assert settings["allow_request_chat_template"] is True
     assert "chat_template" not in settings and "chat_template_file" not in settings
+
+
+def test_rendered_files_are_ascii_so_the_stub_can_read_them(tmp_path: Path):
+    """The 2.51 stub runs with LC_CTYPE=C: its Path.read_text() decodes ASCII only."""
+    config = _config(
+        tmp_path,
+        "model: ./modèle\nchat_template: {inline: '{{ \"¡hola!\" }}'}\n"
+        "postprocess: {class: 'tests.custom_stages:ShoutingPostprocessor', settings: {prefix: 'grüße 😀'}}\n",
+    )
+    files = render(load_deployment(config), tmp_path / "repo")
+    for rel, text in files.items():
+        assert text.isascii(), rel
+    settings = json.loads(files["postprocess/1/stage.json"])["settings"]
+    assert settings["prefix"] == "grüße 😀"
+    assert json.loads(files["preprocess/1/stage.json"])["settings"]["chat_template"] == '{{ "¡hola!" }}'

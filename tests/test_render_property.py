@@ -165,6 +165,7 @@ def test_sampled_configs_load_in_tritonserver_and_answer(tmp_path_factory: pytes
         loaded.append(with_own_internal_names(_load(config, workdir / f"config{index}")))
     repository = workdir / "repository"
     check_tree_as_triton_would(render_together(loaded, repository))
+    print("sampled deployments:", *loaded, sep="\n")  # shown by pytest when the test fails
     server = start_server(repository, workdir / "tritonserver.log")
     try:
         for deployment in loaded:
