@@ -9,6 +9,7 @@ BENCH_ARGS ?=
 setup:
 	bash tools/setup_env.sh
 	$(PY) tools/build_tiny_model.py
+	$(PY) tools/build_tiny_lora.py
 
 serve: setup
 	$(PY) tools/serve.py $(SERVE_ARGS)

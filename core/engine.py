@@ -46,7 +46,7 @@ def _logprobs_json(logprobs: Any) -> list[dict[str, list]] | None:
     ]
 
 
-def to_engine_response(output: Any, postprocess_options: dict[str, Any]) -> EngineResponse:
+def to_engine_response(output: Any, postprocess_options: dict[str, Any], streamed: bool = False) -> EngineResponse:
     """vLLM RequestOutput (DELTA or FINAL_ONLY kind) -> EngineResponse."""
     return EngineResponse(
         outputs=[
@@ -64,6 +64,8 @@ def to_engine_response(output: Any, postprocess_options: dict[str, Any]) -> Engi
         num_input_tokens=len(output.prompt_token_ids or ()),
         finished=output.finished,
         postprocess_options=postprocess_options,
+        request_id=str(output.request_id),
+        streamed=streamed,
     )
 
 
@@ -175,7 +177,7 @@ class Engine:
             self._in_flight.add(request_id)
             async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
                 finished = output.finished
-                emit(to_engine_response(output, request.postprocess_options), None, finished)
+                emit(to_engine_response(output, request.postprocess_options, request.stream), None, finished)
                 if finished:
                     return
             if not finished:  # the stream ended without a final output (aborted)

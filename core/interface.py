@@ -83,6 +83,10 @@ LOGPROBS = TensorSpec("logprobs", "TYPE_STRING", (-1,))
 NUM_INPUT_TOKENS = TensorSpec("num_input_tokens", "TYPE_UINT32", (1,))
 NUM_OUTPUT_TOKENS = TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,))
 
+# The OpenAI-style postprocess's one output: a `chat.completion` (whole answer) or `chat.completion.chunk`
+# (one streamed delta) JSON document.
+CHAT_COMPLETION = TensorSpec("chat_completion", "TYPE_STRING", (1,), doc="OpenAI chat.completion(.chunk) JSON")
+
 VLLM_BACKEND_OUTPUTS = (TEXT_OUTPUT, FINISH_REASON, CUMULATIVE_LOGPROB, LOGPROBS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS)
 
 # Internal tensors between the stages. Both are one JSON document (see core/protocol.py): a request or a

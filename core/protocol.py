@@ -49,6 +49,11 @@ class EngineResponse:
     num_input_tokens: int
     finished: bool
     postprocess_options: dict[str, Any] = field(default_factory=dict)
+    # The engine's request id (every delta of one request carries the same) and whether this response is one
+    # streamed delta (False for a whole answer, also after merge_responses): the OpenAI-style postprocess needs
+    # both to tell a `chat.completion.chunk` of a stream from a `chat.completion`.
+    request_id: str = ""
+    streamed: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -92,4 +97,6 @@ def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
         num_input_tokens=last.num_input_tokens,
         finished=last.finished,
         postprocess_options=last.postprocess_options,
+        request_id=last.request_id,
+        streamed=False,
     )

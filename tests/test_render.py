@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,51 @@ def _config(tmp_path: Path, text: str) -> Path:
         ("model: ./m\nengin_args: {}\n", "engin_args: unknown key; did you mean 'engine_args'?"),
         ("model: ./m\npreprocess: {instances: two}\n", "preprocess.instances: expected int, got str 'two'"),
         ("model: ./m\npreprocess: {instances: true}\n", "preprocess.instances: expected int, got bool"),
-        ("engine_args: {}\n", "missing required key(s) ['model']"),
-        ("model: ${MODEL_PATH}\n", "model: unresolved placeholder in '${MODEL_PATH}'"),
+        ("engine_args: {}\n", "config: missing required key(s) ['model']; add them"),
+        ("model:\n", "model: expected str, got null"),
+        ("model: ${MODEL_PATH}\n", "model: unresolved placeholder in '${MODEL_PATH}'; pass --set MODEL_PATH=VALUE"),
+        (
+            "model: ./m\nengine_args: {max_model_len: '${LEN}'}\n",
+            "engine_args.max_model_len: unresolved placeholder in '${LEN}'; pass --set LEN=VALUE",
+        ),
+        (
+            "model: ./m\npostprocess: {settings: {greeting: ['hi ${WHO}']}}\n",
+            "postprocess.settings.greeting[0]: unresolved placeholder in 'hi ${WHO}'",
+        ),
+        ("model: ./m\nmetrics: 'yes'\n", "metrics: expected bool, got str 'yes'"),
+        ("model: ./m\nhealth_chek: true\n", "health_chek: unknown key; did you mean 'health_check'?"),
+        ("model: ./m\nimages: {max_byte: 10}\n", "images.max_byte: unknown key; did you mean 'max_bytes'?"),
+        ("model: ./m\nimages: {max_pixels: 1.5}\n", "images.max_pixels: expected int, got float 1.5"),
+        ("model: ./m\nimages: {max_images: 0}\n", "images.max_images: must be >= 1"),
+        ("model: ./m\nchat_template: {inline: x, file: y}\n", "chat_template: give 'inline' (the template) or 'file'"),
+        ("model: ./m\nchat_template: {file: nowhere.jinja}\n", "chat_template.file: no such file 'nowhere.jinja'"),
+        ("model: ./m\nchat_template: {inline: 3}\n", "chat_template.inline: expected str, got int 3"),
+        ("model: ./m\nlora_adapters: {a: 3}\n", "lora_adapters.a: expected str, got int 3"),
+        (
+            "model: ./m\nlora_adapters: {a: ./a}\n",
+            "lora_adapters: vLLM serves adapters only with engine_args.enable_lora",
+        ),
+        ("model: ./m\nengine_args: {model: ./n}\n", "engine_args.model: set the model with the top-level 'model' key"),
+        (
+            "model: ./m\nengine_args: {max_model_length: 512}\n",
+            "engine_args.max_model_length: not a vLLM AsyncEngineArgs field; did you mean 'max_model_len'?",
+        ),
+        (
+            "model: ./m\nengine_args: {max_model_len: '512'}\n",
+            "engine_args.max_model_len: vLLM expects int, got str '512'",
+        ),
+        ("model: ./m\nengine_args: {enforce_eager: 1}\n", "engine_args.enforce_eager: vLLM expects bool, got int 1"),
+        ("model: ./m\nengine_args: {dtype: bf16}\n", "engine_args.dtype: vLLM expects Literal['auto', 'half', "),
+        ("model: ./m\nnames: {plain: a/b}\n", "names.plain: 'a/b' is not a usable model name"),
+        ("model: ./m\ngenerate: {max_in_flight: 0}\n", "generate.max_in_flight: must be >= 1"),
+        ("model: ./m\npreprocess: {class: rawr}\n", "preprocess.class: 'rawr' is not a built-in preprocess"),
+        ("model: ./m\npreprocess: {class: rawr}\n", "did you mean 'raw'?"),
+        ("model: ./m\npostprocess: {class: open_ai}\n", "did you mean 'openai'?"),
+        (
+            "model: ./m\npreprocess: {class: raw}\nchat_template: {inline: x}\n",
+            "chat_template: the raw preprocess takes the prompt text only (no chat template, no images)",
+        ),
+        ("model: ./m\npreprocess: {class: raw}\nimages: {max_images: 1}\n", "images: the raw preprocess takes"),
         (
             "model: ./m\npostprocess: {class: nowhere.module:Cls}\n",
             "postprocess.class: stage class 'nowhere.module:Cls'",
@@ -56,6 +100,63 @@ def _config(tmp_path: Path, text: str) -> Path:
         ("model: ./m\npostprocess: {instances: 2}\n", "postprocess.instances: must be 1"),
         ("model: ./m\npreprocess: {instances: 0}\n", "preprocess.instances: must be >= 1"),
         ("model: ./m\nnames: {plain: x, streaming: x}\n", "names: model names must differ, ['x'] used twice"),
+        ("model: ./m\nnames: {core: preprocess}\n", "names: model names must differ, ['preprocess'] used twice"),
+        # Stages that do not fit their neighbours or the ensembles (tests/custom_stages.py).
+        (
+            "model: ./m\npreprocess: {class: 'tests.custom_stages:NoEngineRequest'}\n",
+            "preprocess.class: NoEngineRequest outputs ['prompt_ids'], but the core (vllm_core) consumes"
+            " 'engine_request' (TYPE_STRING [1]): the preprocess stage must output it",
+        ),
+        (
+            "model: ./m\npreprocess: {class: 'tests.custom_stages:EngineRequestAsInts'}\n",
+            "preprocess.class: EngineRequestAsInts outputs 'engine_request' as TYPE_INT32 [-1]; the core (vllm_core)"
+            " takes TYPE_STRING [1]",
+        ),
+        (
+            "model: ./m\npreprocess: {class: 'tests.custom_stages:ExtraOutput'}\n",
+            "preprocess.class: ExtraOutput outputs ['stream_flag'], which no step consumes",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:NeedsRequestInput'}\n",
+            "postprocess.class: NeedsRequestInput needs ['stream'], which the core (vllm_core) does not produce",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:NeedsRequestInput'}\n",
+            "(DESIGN.md rule 2.2)",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:EngineResponseAsFloat'}\n",
+            "postprocess.class: EngineResponseAsFloat takes 'engine_response' as TYPE_FP32 [1]; the core outputs"
+            " TYPE_STRING [1]",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:EchoesAnInput'}\n",
+            "['text_input'] would be both an input and an output of the ensembles",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:Decoupled'}\n",
+            "postprocess.class: Decoupled declares decoupled = True",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:TwiceTheSameOutput'}\n",
+            "postprocess.class: TwiceTheSameOutput.outputs declares ['text_output'] more than once",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:UnknownDataType'}\n",
+            "postprocess.class: UnknownDataType tensor 'score' has type 'TYPE_FP64'; use one of",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:NoOutputs'}\n",
+            "postprocess.class: NoOutputs.outputs is empty",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:NotSpecs'}\n",
+            "postprocess.class: NotSpecs.inputs must be a tuple of core.interface.TensorSpec",
+        ),
+        (
+            "model: ./m\npostprocess: {class: 'tests.custom_stages:Missing'}\n",
+            "module 'tests.custom_stages' has no attribute 'Missing'",
+        ),
     ],
 )
 def test_config_errors_name_the_key_and_write_nothing(tmp_path: Path, capsys, text: str, message: str):
@@ -68,3 +169,81 @@ def test_config_errors_name_the_key_and_write_nothing(tmp_path: Path, capsys, te
 def test_config_error_is_a_value_error_for_library_callers(tmp_path: Path):
     with pytest.raises(ConfigError):
         load_deployment(_config(tmp_path, "model: 3\n"))
+
+
+def test_placeholders_resolve_from_set_with_their_yaml_type(tmp_path: Path):
+    config = _config(
+        tmp_path, "model: ${MODEL}\nengine_args: {max_model_len: '${LEN}'}\npreprocess: {instances: '${N}'}\n"
+    )
+    out = tmp_path / "out"
+    assert main([str(config), "--out", str(out), "--set", "MODEL=org/name", "--set", "LEN=512", "--set", "N=2"]) == 0
+    engine_args = json.loads((out / "vllm_core" / "1" / "model.json").read_text())
+    assert engine_args == {"model": "org/name", "max_model_len": 512}
+    assert "count: 2" in (out / "preprocess" / "config.pbtxt").read_text()
+
+
+def test_dry_run_lists_the_files_and_writes_nothing(tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    assert main([str(DEFAULT_CONFIG), "--out", str(out), "--dry-run"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed == [str(out / rel) for rel in render(load_deployment(DEFAULT_CONFIG), out)]
+    assert not out.exists()
+
+
+def test_builtin_stage_names_and_import_paths_render_the_same(tmp_path: Path):
+    short = _config(tmp_path, "model: ./m\npreprocess: {class: raw}\npostprocess: {class: openai}\n")
+    files = render(load_deployment(short), tmp_path / "out")
+    assert json.loads(files["preprocess/1/stage.json"])["class"] == "preprocess.raw:RawPreprocessor"
+    assert json.loads(files["postprocess/1/stage.json"])["class"] == "postprocess.openai:OpenAIPostprocessor"
+    (tmp_path / "long").mkdir()
+    full = _config(
+        tmp_path / "long",
+        "model: ../m\npreprocess: {class: 'preprocess.raw:RawPreprocessor'}\n"
+        "postprocess: {class: 'postprocess.openai:OpenAIPostprocessor'}\n",
+    )
+    assert render(load_deployment(full), tmp_path / "out") == files
+    # The OpenAI stage's one output replaces the vLLM backend's in both ensembles.
+    for ensemble in ("vllm_model", "vllm_model_stream"):
+        assert 'name: "chat_completion"' in files[f"{ensemble}/config.pbtxt"]
+        assert 'name: "text_output"' not in files[f"{ensemble}/config.pbtxt"]
+
+
+def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: Path):
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "chat.jinja").write_text("{{ messages }}")
+    config = _config(
+        tmp_path,
+        "model: ./m\nchat_template: {file: templates/chat.jinja, allow_per_request: true}\n"
+        "images: {max_bytes: 1000, max_pixels: 4096, max_images: 2}\nmetrics: false\nhealth_check: false\n",
+    )
+    files = render(load_deployment(config), tmp_path / "repo")
+    settings = json.loads(files["preprocess/1/stage.json"])["settings"]
+    assert settings["chat_template_file"] == "../templates/chat.jinja"
+    assert settings["allow_request_chat_template"] is True
+    assert (settings["max_image_bytes"], settings["max_image_pixels"], settings["max_images"]) == (1000, 4096, 2)
+    core = files["vllm_core/config.pbtxt"]
+    assert 'key: "metrics_enabled"\n  value {\n    string_value: "false"' in core
+    assert 'key: "health_check"\n  value {\n    string_value: "false"' in core
+    inline = render(load_deployment(_config(tmp_path, "model: ./m\nchat_template: {inline: 'T'}\n")), tmp_path / "r")
+    settings = json.loads(inline["preprocess/1/stage.json"])["settings"]
+    assert (settings["chat_template"], settings["allow_request_chat_template"]) == ("T", False)
+    assert "chat_template_file" not in settings
+    own = render(load_deployment(_config(tmp_path, "model: ./m\nchat_template: {allow_per_request: true}\n")), tmp_path)
+    settings = json.loads(own["preprocess/1/stage.json"])["settings"]
+    assert settings["allow_request_chat_template"] is True
+    assert "chat_template" not in settings and "chat_template_file" not in settings
+
+
+def test_rendered_files_are_ascii_so_the_stub_can_read_them(tmp_path: Path):
+    """The 2.51 stub runs with LC_CTYPE=C: its Path.read_text() decodes ASCII only."""
+    config = _config(
+        tmp_path,
+        "model: ./modèle\nchat_template: {inline: '{{ \"¡hola!\" }}'}\n"
+        "postprocess: {class: 'tests.custom_stages:ShoutingPostprocessor', settings: {prefix: 'grüße 😀'}}\n",
+    )
+    files = render(load_deployment(config), tmp_path / "repo")
+    for rel, text in files.items():
+        assert text.isascii(), rel
+    settings = json.loads(files["postprocess/1/stage.json"])["settings"]
+    assert settings["prefix"] == "grüße 😀"
+    assert json.loads(files["preprocess/1/stage.json"])["settings"]["chat_template"] == '{{ "¡hola!" }}'

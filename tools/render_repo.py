@@ -1,19 +1,24 @@
 """Render a whole Triton model repository from one deployment config.
 
-    python tools/render_repo.py [CONFIG] [--out DIR] [--check] [--dry-run]
+    python tools/render_repo.py [CONFIG] [--out DIR] [--check] [--dry-run] [--set NAME=VALUE ...]
 
 CONFIG defaults to deployments/default.yaml and --out to model_repository/. The same config always gives the
-same bytes. Nothing is written unless the whole config is valid. --check compares with the existing tree and
-exits 1 on any difference; --dry-run lists the files that would be written.
-"""
+same bytes. Nothing is written unless the whole config is valid (exit 2 with a message naming the key path and
+the fix): keys and types, placeholders, engine args against vLLM's AsyncEngineArgs, model names, and the stages'
+declared tensors against their neighbours and Triton's ensemble rules. --check compares with the existing tree
+and exits 1 on any difference; --dry-run lists the files that would be written; --set fills ${NAME}."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import json
 import os
+import re
 import sys
+import types
+import typing
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,7 @@ if str(ROOT) not in sys.path:  # run as a script: make the project's packages im
 import yaml  # noqa: E402
 
 from core import interface as tensors  # noqa: E402
-from core.interface import TensorSpec  # noqa: E402
+from core.interface import NUMPY_DTYPES, TensorSpec  # noqa: E402
 from core.stage import load_stage_class  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "deployments" / "default.yaml"
@@ -38,11 +43,25 @@ class ConfigError(ValueError):
 
 
 # The deployment config schema ----------------------------------------------------------------------------
+# Every key is typed here; README.md's config table documents each one (type, default, meaning).
+
+# Built-in stage variants: `preprocess.class: raw` swaps the stage in one line. Anything with a ":" is a
+# deployment's own class, `package.module:Class`, implementing core/stage.py's interface.
+BUILTIN_STAGES: dict[str, dict[str, str]] = {
+    "preprocess": {
+        "default": "preprocess.default:Preprocessor",
+        "raw": "preprocess.raw:RawPreprocessor",
+    },
+    "postprocess": {
+        "vllm_backend": "postprocess.vllm_backend:VllmBackendPostprocessor",
+        "openai": "postprocess.openai:OpenAIPostprocessor",
+    },
+}
 
 
 @dataclass
 class StageConfig:
-    cls: str = ""
+    cls: str = ""  # a built-in variant's name or `package.module:Class`; "" = the role's default
     instances: int = 1
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -64,22 +83,43 @@ class Names:
 
 
 @dataclass
+class ChatTemplateConfig:
+    inline: str | None = None  # the Jinja template itself
+    file: str | None = None  # or a file with it, relative to the config file
+    allow_per_request: bool = False  # may a request bring its own template
+
+
+@dataclass
+class ImagesConfig:
+    max_bytes: int | None = None
+    max_pixels: int | None = None
+    max_images: int | None = None
+
+
+@dataclass
 class Deployment:
     model: str
     engine_args: dict[str, Any] = field(default_factory=dict)
     names: Names = field(default_factory=Names)
-    preprocess: StageConfig = field(default_factory=lambda: StageConfig("preprocess.default:Preprocessor", 1))
-    postprocess: StageConfig = field(
-        default_factory=lambda: StageConfig("postprocess.vllm_backend:VllmBackendPostprocessor", 1)
-    )
+    preprocess: StageConfig = field(default_factory=lambda: StageConfig("default", 1))
+    postprocess: StageConfig = field(default_factory=lambda: StageConfig("vllm_backend", 1))
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     lora_adapters: dict[str, str] = field(default_factory=dict)
+    chat_template: ChatTemplateConfig | None = None
+    images: ImagesConfig | None = None
+    metrics: bool = True
+    health_check: bool = True
     base_dir: Path = field(default=ROOT, repr=False)  # the config file's folder: relative paths start there
 
 
 # YAML key -> dataclass field, where they differ ("class" is a Python keyword).
 _KEY_ALIASES = {"class": "cls"}
 _FIELD_KEYS = {v: k for k, v in _KEY_ALIASES.items()}
+
+
+def _did_you_mean(key: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(str(key), options, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"known: {', '.join(options)}."
 
 
 def _build(cls: type, doc: Any, path: str) -> Any:
@@ -92,40 +132,117 @@ def _build(cls: type, doc: Any, path: str) -> Any:
         where = f"{path}.{key}" if path else str(key)
         if name not in known:
             options = [_FIELD_KEYS.get(k, k) for k in known]
-            close = difflib.get_close_matches(str(key), options, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(options)}"
-            raise ConfigError(f"{where}: unknown key{hint}")
+            raise ConfigError(f"{where}: unknown key; {_did_you_mean(str(key), options)}")
         values[name] = _typed(known[name].type, value, where)
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        missing = [
-            f.name
-            for f in fields(cls)
-            if f.name not in values and f.default is MISSING and f.default_factory is MISSING
-        ]
-        raise ConfigError(f"{path or 'config'}: missing required key(s) {missing}") from exc
+    missing = [
+        _FIELD_KEYS.get(f.name, f.name)
+        for f in fields(cls)
+        if f.name not in values and f.default is MISSING and f.default_factory is MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{path or 'config'}: missing required key(s) {missing}; add them to the config")
+    return cls(**values)
 
 
-_NESTED = {"Names": Names, "StageConfig": StageConfig, "GenerateConfig": GenerateConfig}
+_NESTED = {
+    "Names": Names,
+    "StageConfig": StageConfig,
+    "GenerateConfig": GenerateConfig,
+    "ChatTemplateConfig": ChatTemplateConfig,
+    "ImagesConfig": ImagesConfig,
+}
+_SCALARS = {"str": str, "int": int, "bool": bool, "dict[str, Any]": dict, "dict[str, str]": dict}
 
 
 def _typed(annotation: str, value: Any, where: str) -> Any:
+    if annotation.endswith(" | None"):
+        if value is None:
+            return None
+        annotation = annotation.removesuffix(" | None")
     if annotation in _NESTED:
         return _build(_NESTED[annotation], value, where)
-    expected = {"str": str, "int": int, "dict[str, Any]": dict, "dict[str, str]": dict}[annotation]
+    expected = _SCALARS[annotation]
     if expected is int and isinstance(value, bool) or not isinstance(value, expected):
-        raise ConfigError(f"{where}: expected {annotation}, got {type(value).__name__} {value!r}")
-    if annotation == "dict[str, str]" and not all(isinstance(v, str) for v in value.values()):
-        raise ConfigError(f"{where}: every value must be a string")
-    if isinstance(value, str) and "${" in value:
-        raise ConfigError(f"{where}: unresolved placeholder in {value!r}")
+        shown = "null" if value is None else f"{type(value).__name__} {value!r}"
+        raise ConfigError(f"{where}: expected {annotation}, got {shown}")
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise ConfigError(f"{where}: keys must be strings, got {key!r}")
+    if annotation == "dict[str, str]":
+        for key, item in value.items():
+            if not isinstance(item, str):
+                raise ConfigError(f"{where}.{key}: expected str, got {type(item).__name__} {item!r}")
     return value
+
+
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+
+
+def substitute(doc: Any, variables: dict[str, str], where: str = "") -> Any:
+    """Replace `${NAME}` in every string of the raw config by `variables[NAME]` (from `--set NAME=VALUE`).
+
+    A value that is exactly one placeholder takes the YAML type of its replacement (`--set N=2` gives an int).
+    Any placeholder left over is an error that names the key: unlike `string.Template.safe_substitute`, nothing
+    unresolved ever reaches a written file.
+    """
+    if isinstance(doc, dict):
+        return {k: substitute(v, variables, f"{where}.{k}" if where else str(k)) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [substitute(v, variables, f"{where}[{i}]") for i, v in enumerate(doc)]
+    if not isinstance(doc, str) or "${" not in doc:
+        return doc
+    whole = _PLACEHOLDER.fullmatch(doc)
+    if whole and whole.group(1) in variables:
+        return yaml.safe_load(variables[whole.group(1)])
+    text = _PLACEHOLDER.sub(lambda m: variables.get(m.group(1), m.group(0)), doc)
+    if "${" in text:
+        left = _PLACEHOLDER.search(text)
+        name = left.group(1) if left else "NAME"
+        raise ConfigError(
+            f"{where or 'config'}: unresolved placeholder in {doc!r}; pass --set {name}=VALUE or write the value"
+        )
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_engine_arg_types() -> dict[str, Any] | None:
+    """Field name -> type of vLLM's AsyncEngineArgs (None when vLLM is not installed where the renderer runs)."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+    except ImportError:
+        return None
+    return {f.name: f.type for f in fields(AsyncEngineArgs)}
+
+
+def _accepts(hint: Any, value: Any) -> bool | None:
+    """Whether a JSON value fits a field type of AsyncEngineArgs; None where this simple check cannot tell."""
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_accepts(arg, value) for arg in typing.get_args(hint)]
+        return True if True in verdicts else (None if None in verdicts else False)
+    return None
+
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_INSTANCE_KEYS = ("preprocess", "postprocess", "generate")
 
 
 def check_deployment(deployment: Deployment) -> None:
     """Rules that span keys, checked before anything is written."""
-    for key in ("preprocess", "postprocess", "generate"):
+    for key in _INSTANCE_KEYS:
         if getattr(deployment, key).instances < 1:
             raise ConfigError(f"{key}.instances: must be >= 1")
     if deployment.postprocess.instances != 1:
@@ -135,22 +252,173 @@ def check_deployment(deployment: Deployment) -> None:
             "postprocess.instances: must be 1; with more, Triton may deliver a stream's deltas out of order"
             " (each delta is a separate postprocess execution)"
         )
+    if deployment.generate.max_in_flight < 1:
+        raise ConfigError("generate.max_in_flight: must be >= 1")
+    for f in fields(Names):
+        name = getattr(deployment.names, f.name)
+        if not _MODEL_NAME.match(name):
+            raise ConfigError(
+                f"names.{f.name}: {name!r} is not a usable model name; use letters, digits, '_', '.', '-'"
+            )
     names = [getattr(deployment.names, f.name) for f in fields(Names)]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ConfigError(f"names: model names must differ, {duplicates} used twice")
+        raise ConfigError(f"names: model names must differ, {duplicates} used twice; rename one of them")
+    _check_engine_args(deployment)
+    template = deployment.chat_template
+    if template is not None:
+        if template.inline is not None and template.file is not None:
+            raise ConfigError(
+                "chat_template: give 'inline' (the template) or 'file' (a path), not both; neither keeps the"
+                " model's own template"
+            )
+        if template.file is not None and not (deployment.base_dir / template.file).is_file():
+            raise ConfigError(
+                f"chat_template.file: no such file {template.file!r} (relative to the config file's folder)"
+            )
+    if deployment.images is not None:
+        for f in fields(ImagesConfig):
+            value = getattr(deployment.images, f.name)
+            if value is not None and value < 1:
+                raise ConfigError(f"images.{f.name}: must be >= 1 (or left out for the preprocess default)")
 
 
-def load_deployment(path: Path) -> Deployment:
+def _check_engine_args(deployment: Deployment) -> None:
+    args = deployment.engine_args
+    if "model" in args:
+        raise ConfigError("engine_args.model: set the model with the top-level 'model' key instead")
+    known = vllm_engine_arg_types()
+    if known is not None:
+        for key, value in args.items():
+            if key not in known:
+                raise ConfigError(
+                    f"engine_args.{key}: not a vLLM AsyncEngineArgs field; {_did_you_mean(key, sorted(known))}"
+                )
+            if _accepts(known[key], value) is False:
+                expected = str(known[key]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+                raise ConfigError(f"engine_args.{key}: vLLM expects {expected}, got {type(value).__name__} {value!r}")
+    if deployment.lora_adapters and args.get("enable_lora") is not True:
+        raise ConfigError(
+            "lora_adapters: vLLM serves adapters only with engine_args.enable_lora: true; add it (and max_loras"
+            " above the number of adapters used at once, max_lora_rank >= the adapters' rank)"
+        )
+
+
+def load_deployment(path: Path, variables: dict[str, str] | None = None) -> Deployment:
     path = Path(path)
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    doc = substitute(doc, variables or {})
     deployment = _build(Deployment, doc, "")
     deployment.base_dir = path.resolve().parent
     check_deployment(deployment)
     return deployment
+
+
+# Stages and the ensemble wiring ----------------------------------------------------------------------------
+
+
+def stage_path(role: str, value: str) -> str:
+    """`package.module:Class` for a stage key: a built-in variant's name or a deployment's own class."""
+    if ":" in value:
+        return value
+    builtin = BUILTIN_STAGES[role]
+    if not value:  # a stage section without `class` keeps the built-in default
+        return next(iter(builtin.values()))
+    if value in builtin:
+        return builtin[value]
+    raise ConfigError(
+        f"{role}.class: {value!r} is not a built-in {role} ({', '.join(builtin)}); "
+        f"{_did_you_mean(value, list(builtin))} Or give your own class as 'package.module:ClassName'."
+    )
+
+
+def load_stage(role: str, value: str) -> type:
+    where = f"{role}.class"
+    path = stage_path(role, value)
+    try:
+        cls = load_stage_class(path)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    for attr in ("inputs", "outputs"):
+        specs = getattr(cls, attr, None)
+        if not isinstance(specs, tuple) or not all(isinstance(t, TensorSpec) for t in specs):
+            raise ConfigError(f"{where}: {cls.__name__}.{attr} must be a tuple of core.interface.TensorSpec")
+        if not specs:
+            raise ConfigError(f"{where}: {cls.__name__}.{attr} is empty; a stage needs at least one {attr[:-1]}")
+        seen = [t.name for t in specs]
+        twice = sorted({n for n in seen if seen.count(n) > 1})
+        if twice:
+            raise ConfigError(f"{where}: {cls.__name__}.{attr} declares {twice} more than once")
+        for t in specs:
+            if t.data_type not in NUMPY_DTYPES:
+                raise ConfigError(
+                    f"{where}: {cls.__name__} tensor {t.name!r} has type {t.data_type!r}; use one of"
+                    f" {', '.join(NUMPY_DTYPES)}"
+                )
+    if getattr(cls, "decoupled", False):
+        # Rule 2.1: a decoupled step would make the plain ensemble decoupled (no more HTTP /infer, ModelInfer).
+        raise ConfigError(
+            f"{where}: {cls.__name__} declares decoupled = True; stages run as non-decoupled models (the plain"
+            " ensemble must stay non-decoupled, DESIGN.md rule 2.1): produce one response per request"
+        )
+    return cls
+
+
+def _signature(t: TensorSpec) -> str:
+    return f"{t.data_type} {list(t.dims)}"
+
+
+def check_wiring(pre_cls: type, post_cls: type, names: Names) -> None:
+    """The ensembles' wiring, as Triton would check it at load time (and DESIGN.md rules 2.1-2.2)."""
+    core_in, core_out = tensors.ENGINE_REQUEST, tensors.ENGINE_RESPONSE
+    pre_out = {t.name: t for t in pre_cls.outputs}
+    produced = pre_out.get(core_in.name)
+    if produced is None:
+        raise ConfigError(
+            f"preprocess.class: {pre_cls.__name__} outputs {sorted(pre_out)}, but the core ({names.core}) consumes"
+            f" {core_in.name!r} ({_signature(core_in)}): the preprocess stage must output it"
+        )
+    if _signature(produced) != _signature(core_in):
+        raise ConfigError(
+            f"preprocess.class: {pre_cls.__name__} outputs {core_in.name!r} as {_signature(produced)}; the core"
+            f" ({names.core}) takes {_signature(core_in)}: declare it as core.interface.{core_in.name.upper()}"
+        )
+    unused = sorted(set(pre_out) - {core_in.name})
+    if unused:
+        raise ConfigError(
+            f"preprocess.class: {pre_cls.__name__} outputs {unused}, which no step consumes (the core takes only"
+            f" {core_in.name!r}); put what later steps need into the engine request's postprocess_options"
+        )
+    post_in = {t.name: t for t in post_cls.inputs}
+    foreign = sorted(set(post_in) - {core_out.name})
+    if foreign:
+        # Rule 2.2: in the streaming ensemble postprocess follows the decoupled core; feeding it a request input
+        # (or a preprocess output) as well makes Triton refuse the ensemble at load time.
+        raise ConfigError(
+            f"postprocess.class: {post_cls.__name__} needs {foreign}, which the core ({names.core}) does not"
+            f" produce (it outputs only {core_out.name!r}); a step after the decoupled core may only consume"
+            " that core's outputs (DESIGN.md rule 2.2), so these would have to come from the request and Triton"
+            " would refuse the streaming ensemble: carry per-request options in EngineRequest.postprocess_options"
+        )
+    consumed = post_in[core_out.name]  # the only input left: inputs are never empty (load_stage)
+    if _signature(consumed) != _signature(core_out):
+        raise ConfigError(
+            f"postprocess.class: {post_cls.__name__} takes {core_out.name!r} as {_signature(consumed)}; the core"
+            f" outputs {_signature(core_out)}: declare it as core.interface.{core_out.name.upper()}"
+        )
+    both = sorted({t.name for t in pre_cls.inputs} & {t.name for t in post_cls.outputs})
+    if both:
+        raise ConfigError(
+            f"preprocess.class / postprocess.class: {both} would be both an input and an output of the ensembles"
+            " (one tensor name can be produced only once in an ensemble); rename one side"
+        )
+    internal = {"_" + core_in.name, "_" + core_out.name}
+    clash = sorted(internal & ({t.name for t in pre_cls.inputs} | {t.name for t in post_cls.outputs}))
+    if clash:
+        raise ConfigError(f"preprocess.class / postprocess.class: {clash} are reserved for the ensembles' wiring")
 
 
 # Rendering -------------------------------------------------------------------------------------------------
@@ -231,7 +499,10 @@ def _model_py(adapter: str, role: str) -> str:
 
 
 def _json(doc: Any) -> str:
-    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    # ASCII only (non-ASCII as \uXXXX escapes): the 2.51 Python-backend stub runs with LC_CTYPE=C, where the
+    # adapters' Path.read_text() decodes as ASCII; a "ü" in stage.json made a model fail to load (found by
+    # tests/test_render_property.py).
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 
 def _ensemble(
@@ -269,8 +540,16 @@ def _repo_relative(path: Path, out: Path) -> str:
 def render(deployment: Deployment, out: Path) -> dict[str, str]:
     """Every file of the repository, by path relative to `out`."""
     names = deployment.names
-    pre_cls = _load_stage(deployment.preprocess.cls, "preprocess.class")
-    post_cls = _load_stage(deployment.postprocess.cls, "postprocess.class")
+    pre_cls = load_stage("preprocess", deployment.preprocess.cls)
+    post_cls = load_stage("postprocess", deployment.postprocess.cls)
+    check_wiring(pre_cls, post_cls, names)
+    if stage_path("preprocess", deployment.preprocess.cls) == BUILTIN_STAGES["preprocess"]["raw"]:
+        for key in ("chat_template", "images"):
+            if getattr(deployment, key) is not None:
+                raise ConfigError(
+                    f"{key}: the raw preprocess takes the prompt text only (no chat template, no images);"
+                    " remove the key or use preprocess.class: default"
+                )
 
     model = deployment.model
     if _is_local(model):
@@ -285,26 +564,40 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         "max_model_len": engine_args.get("max_model_len"),
         "max_logprobs": engine_args.get("max_logprobs", 20),
         "lora_names": sorted(lora_paths),
+        **_preprocess_options(deployment, out),
         **deployment.preprocess.settings,
     }
+    post_settings = {"model_name": names.plain, **deployment.postprocess.settings}
 
     files: dict[str, str] = {}
     files[f"{names.preprocess}/config.pbtxt"] = _python_model(
         names.preprocess, pre_cls.inputs, pre_cls.outputs, deployment.preprocess.instances, "KIND_CPU"
     )
     files[f"{names.preprocess}/1/model.py"] = _model_py("StageModel", "the preprocess stage")
-    files[f"{names.preprocess}/1/stage.json"] = _json({"class": deployment.preprocess.cls, "settings": pre_settings})
+    files[f"{names.preprocess}/1/stage.json"] = _json(
+        {"class": stage_path("preprocess", deployment.preprocess.cls), "settings": pre_settings}
+    )
 
     files[f"{names.postprocess}/config.pbtxt"] = _python_model(
         names.postprocess, post_cls.inputs, post_cls.outputs, deployment.postprocess.instances, "KIND_CPU"
     )
     files[f"{names.postprocess}/1/model.py"] = _model_py("StageModel", "the postprocess stage")
     files[f"{names.postprocess}/1/stage.json"] = _json(
-        {"class": deployment.postprocess.cls, "settings": deployment.postprocess.settings}
+        {"class": stage_path("postprocess", deployment.postprocess.cls), "settings": post_settings}
     )
 
     core_io = ((tensors.ENGINE_REQUEST,), (tensors.ENGINE_RESPONSE,))
-    files[f"{names.core}/config.pbtxt"] = _python_model(names.core, *core_io, 1, "KIND_MODEL", decoupled=True)
+    files[f"{names.core}/config.pbtxt"] = _python_model(
+        names.core,
+        *core_io,
+        1,  # one engine; it spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend
+        "KIND_MODEL",
+        decoupled=True,
+        parameters={  # read by the core's adapter
+            "metrics_enabled": "true" if deployment.metrics else "false",
+            "health_check": "true" if deployment.health_check else "false",
+        },
+    )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
     files[f"{names.core}/1/model.json"] = _json(engine_args)
     if lora_paths:
@@ -333,11 +626,25 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
-def _load_stage(path: str, where: str) -> Any:
-    try:
-        return load_stage_class(path)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+def _preprocess_options(deployment: Deployment, out: Path) -> dict[str, Any]:
+    """The top-level chat_template and images keys, as the preprocess stage's settings."""
+    options: dict[str, Any] = {}
+    template = deployment.chat_template
+    if template is not None:
+        if template.inline is not None:
+            options["chat_template"] = template.inline
+        elif template.file is not None:
+            options["chat_template_file"] = _repo_relative(deployment.base_dir / str(template.file), out)
+        options["allow_request_chat_template"] = template.allow_per_request
+    if deployment.images is not None:
+        for key, value in (
+            ("max_image_bytes", deployment.images.max_bytes),
+            ("max_image_pixels", deployment.images.max_pixels),
+            ("max_images", deployment.images.max_images),
+        ):
+            if value is not None:
+                options[key] = value
+    return options
 
 
 # Writing ---------------------------------------------------------------------------------------------------
@@ -376,12 +683,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="the value of ${NAME} in the config"
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 if --out differs from the rendering")
     mode.add_argument("--dry-run", action="store_true", help="list the files that would be written")
     args = parser.parse_args(argv)
+    variables = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--set {item!r}: expected NAME=VALUE")
+        variables[name] = value
     try:
-        files = render(load_deployment(args.config), args.out)
+        files = render(load_deployment(args.config, variables), args.out)
     except ConfigError as exc:
         print(f"render_repo: {args.config}: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,115 @@
+"""The CPU-runnable example deployments and a deployment's own stage, served by one real tritonserver (real
+Python backend, real vLLM CPU engines: one per deployment) answering real requests.
+
+The tiny default example renders the checked-in repository (tests/test_examples.py), which the session server
+of tests/test_server.py serves; the GPU and VLM examples are rendered only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.deployment_helpers import render_together, start_server, with_own_internal_names
+from tests.triton_helpers import grpc_infer, http_generate, sse_events
+from tools.build_tiny_lora import build as build_tiny_lora
+from tools.render_repo import ROOT, load_deployment
+
+EXAMPLES = ROOT / "deployments" / "examples"
+PROMPT = "The quick brown fox"
+GREEDY = {"temperature": 0, "max_tokens": 16}
+
+CUSTOM_DEPLOYMENT = """
+model: {model}
+engine_args: {{enforce_eager: true, max_model_len: 512, kv_cache_memory_bytes: 268435456, disable_log_stats: true}}
+preprocess: {{class: raw}}
+postprocess:
+  class: tests.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path
+  settings: {{prefix: "[grüße] "}}                       # non-ASCII: the stub reads stage.json as ASCII
+names: {{plain: custom_model, streaming: custom_model_stream}}
+"""
+
+
+@pytest.fixture(scope="module")
+def examples_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    build_tiny_lora()
+    workdir = tmp_path_factory.mktemp("deployments")
+    custom = workdir / "custom.yaml"
+    custom.write_text(CUSTOM_DEPLOYMENT.format(model=tiny_model))
+    deployments = [
+        with_own_internal_names(load_deployment(path))
+        for path in (EXAMPLES / "multi-lora.yaml", EXAMPLES / "openai.yaml", custom)
+    ]
+    repository = workdir / "repository"
+    render_together(deployments, repository)
+    server = start_server(repository, workdir / "tritonserver.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def base_text(examples_server) -> str:
+    """The tiny model's greedy continuation, without an adapter, through the multi-LoRA deployment."""
+    reply = http_generate(examples_server.http_url, {"text_input": PROMPT, "parameters": GREEDY}, model="lora_model")
+    assert reply.status_code == 200, reply.text
+    text = reply.json()["text_output"]
+    assert text.startswith(PROMPT) and len(text) > len(PROMPT)
+    return text[len(PROMPT) :]
+
+
+def test_custom_stage_by_import_path_serves_requests(examples_server, base_text):
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(examples_server.grpc_url)
+    try:
+        outputs = grpc_infer(client, PROMPT, GREEDY, model="custom_model", exclude_input_in_output=True)
+    finally:
+        client.close()
+    # The raw preprocess sends the prompt as text (vLLM tokenizes it): same tokens, same greedy continuation.
+    assert outputs["text_output"][0].decode() == "[grüße] " + base_text.upper()
+
+
+def test_openai_example_answers_with_a_chat_completion(examples_server, base_text):
+    reply = http_generate(examples_server.http_url, {"text_input": PROMPT, "parameters": GREEDY}, model="chat_model")
+    assert reply.status_code == 200, reply.text
+    document = json.loads(reply.json()["chat_completion"])
+    assert document["object"] == "chat.completion"
+    assert document["model"] == "chat_model" and document["id"].startswith("chatcmpl-")
+    (choice,) = document["choices"]
+    assert choice["message"] == {"role": "assistant", "content": base_text}  # no prompt echo in OpenAI's API
+    assert choice["finish_reason"] == "length"
+    usage = document["usage"]
+    assert usage["completion_tokens"] == 16 and usage["total_tokens"] == usage["prompt_tokens"] + 16
+
+
+def test_openai_example_streams_chat_completion_chunks(examples_server, base_text):
+    payload = {"text_input": PROMPT, "stream": True, "parameters": GREEDY}
+    events = sse_events(examples_server.http_url, payload, model="chat_model_stream")
+    chunks = [json.loads(event["chat_completion"]) for event in events]
+    assert len(chunks) >= 2
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks) == base_text
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_multi_lora_example_serves_its_adapters(examples_server, base_text):
+    def generate(lora_name: str) -> tuple[int, dict]:
+        payload = {
+            "text_input": PROMPT,
+            "exclude_input_in_output": True,
+            "parameters": {**GREEDY, "lora_name": lora_name},
+        }
+        reply = http_generate(examples_server.http_url, payload, model="lora_model")
+        return reply.status_code, reply.json()
+
+    status, adapted = generate("tiny-lora")
+    assert status == 200, adapted
+    assert adapted["text_output"] != base_text  # the adapter changes the greedy continuation
+    status, copy = generate("tiny-lora-copy")
+    assert (status, copy["text_output"]) == (200, adapted["text_output"])  # same weights under another name
+    status, error = generate("no-such-lora")
+    assert status == 400 and "no-such-lora" in error["error"]
