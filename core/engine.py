@@ -67,6 +67,15 @@ def to_engine_response(output: Any, postprocess_options: dict[str, Any]) -> Engi
     )
 
 
+def _rgb_image(doc: dict[str, Any]) -> Any:
+    """EngineRequest.images entry -> PIL RGB image: a copy of pixels that preprocess decoded and checked."""
+    import base64
+
+    from PIL import Image
+
+    return Image.frombytes("RGB", (int(doc["width"]), int(doc["height"])), base64.b64decode(doc["rgb"]))
+
+
 class Engine:
     def __init__(self, engine_args: dict[str, Any], lora_adapters: dict[str, str] | None = None) -> None:
         prepare_process_environment()
@@ -172,6 +181,8 @@ class Engine:
                 prompt = {"prompt": request.prompt}
             else:
                 raise InvalidInput("engine_request: neither prompt_token_ids nor prompt")
+            if request.images:
+                prompt["multi_modal_data"] = {"image": [_rgb_image(doc) for doc in request.images]}
             self._in_flight.add(request_id)
             async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
                 finished = output.finished
