@@ -91,7 +91,7 @@ def decode_image(source: str | bytes, limits: ImageLimits, where: str) -> Decode
     payload = "".join(_payload(text, where).split())  # base64 may be wrapped over lines
     # 4 base64 characters carry 3 bytes: refuse an oversized image before decoding anything.
     if len(payload) // 4 * 3 > limits.max_image_bytes + 3:
-        raise InvalidInput(f"{where}: image is larger than max_image_bytes={limits.max_image_bytes}")
+        raise InvalidInput(f"{where}: image is more than max_image_bytes={limits.max_image_bytes}")
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -119,7 +119,10 @@ def decode_image(source: str | bytes, limits: ImageLimits, where: str) -> Decode
             f"{where}: not an image in a supported format ({', '.join(sorted(ALLOWED_FORMATS))})"
         ) from None
     except Image.DecompressionBombError as exc:
-        raise InvalidInput(f"{where}: refused as a decompression bomb ({exc})") from None
+        # Pillow's own header check (Image.MAX_IMAGE_PIXELS, set from the limit) fired first.
+        raise InvalidInput(
+            f"{where}: more than max_image_pixels={limits.max_image_pixels}, refused before decoding ({exc})"
+        ) from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:  # Pillow's errors for truncated/corrupt data
         raise InvalidInput(f"{where}: cannot decode the image ({exc})") from None
     return DecodedImage(rgb.width, rgb.height, rgb.tobytes())
