@@ -145,13 +145,20 @@ class Engine:
         asyncio.run_coroutine_threadsafe(self._generate(request, emit, is_cancelled), self._loop)
 
     def _sampling_params(self, request: EngineRequest) -> Any:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+        from vllm.sampling_params import (
+            RepetitionDetectionParams,
+            RequestOutputKind,
+            SamplingParams,
+            StructuredOutputsParams,
+        )
 
         params = dict(request.sampling)
         params.pop("lora_name", None)
         structured = params.pop("structured_outputs", None)
         if structured is not None:
             params["structured_outputs"] = StructuredOutputsParams(**structured)
+        if (repetition := params.pop("repetition_detection", None)) is not None:
+            params["repetition_detection"] = RepetitionDetectionParams(**repetition)
         kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
         try:
             return SamplingParams(**params, output_kind=kind)
