@@ -18,6 +18,8 @@ from typing import Any
 from core.interface import InvalidInput
 from core.stage import parse_bool
 
+VLLM_DEFAULT_MAX_TOKENS = 16  # SamplingParams.max_tokens when the request does not set it
+
 # Request parameters that Triton's frontends or clients set for themselves; they are not sampling parameters.
 TRITON_REQUEST_PARAMETERS = frozenset(
     {"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers"}
@@ -302,8 +304,10 @@ def validate_sampling(
         checked.setdefault("structured_outputs", checked.pop("guided_decoding"))
     if checked.get("n", 1) > 1 and checked.get("temperature", 1.0) < 1e-5:
         raise InvalidInput(f"n={checked['n']}: must be 1 with greedy sampling (temperature=0)")
-    if "min_tokens" in checked and "max_tokens" in checked and checked["min_tokens"] > checked["max_tokens"]:
-        raise InvalidInput(f"min_tokens={checked['min_tokens']} must be <= max_tokens={checked['max_tokens']}")
+    max_tokens = checked.get("max_tokens", VLLM_DEFAULT_MAX_TOKENS)
+    if checked.get("min_tokens", 0) > max_tokens:
+        given = "" if "max_tokens" in checked else " (vLLM's default)"
+        raise InvalidInput(f"min_tokens={checked['min_tokens']} must be <= max_tokens={max_tokens}{given}")
     if max_logprobs is not None and max_logprobs != -1:
         for key in ("logprobs", "prompt_logprobs"):
             value = checked.get(key, 0)
