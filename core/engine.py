@@ -35,6 +35,10 @@ def prepare_process_environment() -> None:
     with contextlib.suppress(locale.Error):
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM's LLaVA code imports a torchvision-only transformers module; CPU machines have no usable torchvision.
+    from core.torchvision_free import install
+
+    install()
 
 
 def _logprobs_json(logprobs: Any) -> list[dict[str, list]] | None:

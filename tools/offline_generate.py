@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chat", action="store_true", help="PROMPTS_JSON holds chat cases: run LLM.chat")
     args = parser.parse_args(argv)
 
+    from core.engine import prepare_process_environment
     from core.engine_config import load_engine_args
 
+    prepare_process_environment()  # the same process set-up as the server's core (locale, torchvision hook)
     engine_args = load_engine_args(args.model_json)
     from vllm import LLM, SamplingParams
 
