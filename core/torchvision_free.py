@@ -10,9 +10,11 @@ itself already picks the Pillow image processors.
 So, only when torchvision is NOT installed, an import hook serves the torchvision module's name with its Pillow
 twin. Nothing is patched on disk and nothing changes where torchvision is installed (GPU machines).
 
-vLLM imports the model class in child processes too (a `python -m vllm.model_executor.models.registry`
-subprocess inspects it; the engine core may be spawned). `install()` therefore also puts `site_hooks/`, whose
-`sitecustomize.py` calls `install()`, on the children's PYTHONPATH.
+vLLM imports the model class in child processes too (the EngineCore process, a `python -m
+vllm.model_executor.models.registry` subprocess that inspects it). Those children cannot be reached through the
+environment (the Triton stub's embedded Python passes -E/-I flags to its children, so PYTHONPATH or
+sitecustomize do not work), but vLLM loads its "general plugins" in every one of them: `install` is registered
+as one (pyproject.toml, entry point group `vllm.general_plugins`), and the core also calls it directly.
 """
 
 from __future__ import annotations
@@ -20,16 +22,12 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import os
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 TORCHVISION_MODULE = "transformers.models.pixtral.image_processing_pixtral"
 PILLOW_TWIN = "transformers.models.pixtral.image_processing_pil_pixtral"
-SITE_HOOKS = Path(__file__).resolve().parent / "site_hooks"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class _TwinLoader(importlib.abc.Loader):
@@ -52,12 +50,9 @@ def torchvision_available() -> bool:
 
 
 def install() -> bool:
-    """Install the hook in this process and its children; True if torchvision is absent (hook active)."""
+    """Install the hook in this process (idempotent); True if torchvision is absent and the hook is active."""
     if torchvision_available():
         return False
     if not any(isinstance(finder, _TwinFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _TwinFinder())
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    wanted = [p for p in (str(SITE_HOOKS), str(PROJECT_ROOT)) if p not in paths]
-    os.environ["PYTHONPATH"] = os.pathsep.join([*wanted, *(p for p in paths if p)])
     return True

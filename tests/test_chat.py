@@ -24,8 +24,14 @@ SERVED = [i for i, case in enumerate(CHAT_CASES) if "chat_template" not in case[
 pytestmark = pytest.mark.server
 
 
-def run_offline(cases: list, workdir: Path, model_json: Path = MODEL_JSON, max_tokens: int = REFERENCE_MAX_TOKENS):
-    """vLLM's LLM.chat for each case, in a separate process (tools/offline_generate.py --chat)."""
+def run_offline(
+    cases: list,
+    workdir: Path,
+    model_json: Path = MODEL_JSON,
+    max_tokens: int = REFERENCE_MAX_TOKENS,
+    chat: bool = True,
+) -> list[dict]:
+    """vLLM's LLM.chat (or LLM.generate) for each case, in a separate process (tools/offline_generate.py)."""
     (workdir / "cases.json").write_text(json.dumps(cases, ensure_ascii=False))
     log = workdir / "offline.log"
     with open(log, "wb") as out:
@@ -37,14 +43,14 @@ def run_offline(cases: list, workdir: Path, model_json: Path = MODEL_JSON, max_t
                 str(workdir / "cases.json"),
                 str(workdir / "out.json"),
                 f"--max-tokens={max_tokens}",
-                "--chat",
+                *(["--chat"] if chat else []),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"},
             timeout=900,
         ).returncode
-    assert code == 0, f"offline LLM.chat failed ({code}):\n{log.read_text()[-3000:]}"
+    assert code == 0, f"offline vLLM failed ({code}):\n{log.read_text()[-3000:]}"
     return json.loads((workdir / "out.json").read_text())
 
 

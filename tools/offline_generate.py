@@ -4,7 +4,8 @@ The tests compare what the Triton ensembles return with this, computed in a sepa
 
     python tools/offline_generate.py MODEL_JSON PROMPTS_JSON OUT_JSON [--max-tokens N] [--chat]
 
-PROMPTS_JSON is a JSON list of strings, or with --chat a list of chat cases
+PROMPTS_JSON is a JSON list of prompts (a string, or `{"prompt": str, "images": [base64, ...]}` for a
+vision-language model), or with --chat a list of chat cases
 `{"messages": [...], "options": {...}}` (options: `LLM.chat` keyword arguments such as `chat_template`,
 `chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`, `tools`; `documents` is passed in
 `chat_template_kwargs`, which is how vLLM hands it to the template). Each case is run on its own (one `LLM.chat`
@@ -29,6 +30,18 @@ def _result(output) -> dict:
         "token_ids": list(output.outputs[0].token_ids),
         "prompt_token_ids": list(output.prompt_token_ids or ()),
     }
+
+
+def _prompt(item: str | dict) -> str | dict:
+    if isinstance(item, str):
+        return item
+    import base64
+    import io
+
+    from PIL import Image
+
+    images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in item.get("images", [])]
+    return {"prompt": item["prompt"], "multi_modal_data": {"image": images}} if images else item["prompt"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             (output,) = llm.chat(case["messages"], greedy, use_tqdm=False, **options)
             result.append(_result(output))
     else:
-        result = [_result(o) for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        result = [_result(o) for o in llm.generate([_prompt(p) for p in prompts], greedy, use_tqdm=False)]
     args.out_json.write_text(json.dumps(result, ensure_ascii=False, indent=1))
     return 0
 
