@@ -58,6 +58,25 @@ CHAT_CASES = [{"messages": _chat(IMAGES[kind], kind), "options": {}} for kind in
 TEXT_PROMPT = "<image>\nDescribe the image."
 
 
+def test_the_torchvision_free_hook_is_a_registered_vllm_plugin():
+    """vLLM runs it in its EngineCore process; registered by the editable install (tools/setup_env.sh)."""
+    from importlib.metadata import entry_points
+
+    values = {ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert "core.torchvision_free:install" in values, "re-run tools/setup_env.sh: the project's entry point is missing"
+
+
+def test_the_hook_serves_the_pillow_twin_only_without_torchvision():
+    import importlib
+
+    from core import torchvision_free
+
+    assert torchvision_free.install() is True  # torchvision is not installed here (tools/setup_env.sh removes it)
+    module = importlib.import_module(torchvision_free.TORCHVISION_MODULE)
+    assert module.__name__ == torchvision_free.PILLOW_TWIN
+    assert module._num_image_tokens((56, 56), (14, 14)) == (4, 4)
+
+
 @pytest.fixture(scope="module")
 def vlm_repository(tmp_path_factory):
     build_tiny_llava(TINY_LLAVA_DIR)
