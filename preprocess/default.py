@@ -107,7 +107,6 @@ class Preprocessor(Stage):
         if stream and not exclude_input:
             raise InvalidInput("exclude_input_in_output=false is not allowed when streaming")
         prompt, token_ids, image_sources = self._prompt(inputs, parameters)
-        images = decode_images(image_sources, self.image_limits, "image") if image_sources else []
         sampling = validate_sampling(
             string_scalar(inputs, tensors.SAMPLING_PARAMETERS.name),
             {k: v for k, v in parameters.items() if k not in CHAT_OPTION_KEYS},
@@ -115,6 +114,8 @@ class Preprocessor(Stage):
             known_loras=self.known_loras,
         )
         self.check_length(len(token_ids), sampling.get("max_tokens"))
+        # Last: decoding is the expensive step, so a request that fails a cheap check never pays for it.
+        images = decode_images(image_sources, self.image_limits, "image") if image_sources else []
         return EngineRequest(
             sampling=sampling,
             prompt_token_ids=token_ids,
