@@ -262,3 +262,53 @@ def test_stage_declares_the_new_inputs():
     names = [spec.name for spec in Preprocessor.inputs]
     assert {"messages", "image", "chat_options"} <= set(names)
     assert Path(__file__).exists()
+
+
+# Property: any JSON in messages / chat_options is a request or an InvalidInput, never another exception -------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "text", "image_url", "audio"])},
+    optional={
+        "text": st.text(max_size=8) | _json,
+        "image_url": st.sampled_from([{"url": _b64(_png())}, {"url": "data:image/png;base64," + _b64(_png())}, "y"]),
+    },
+)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "user", "assistant", "tool", "bad"])},
+    optional={
+        "content": st.text(max_size=10) | st.lists(_part | st.text(max_size=4), max_size=3) | _json,
+        "tool_calls": st.just([{"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]) | _json,
+        "name": st.text(max_size=4) | _json,
+    },
+)
+_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "add_generation_prompt": st.booleans() | _json,
+        "continue_final_message": st.booleans() | _json,
+        "chat_template_kwargs": st.dictionaries(st.text(max_size=8), _json, max_size=3) | _json,
+        "tools": st.lists(st.dictionaries(st.text(max_size=4), _json, max_size=2), max_size=2) | _json,
+        "documents": st.lists(st.dictionaries(st.sampled_from(["title", "text"]), _json), max_size=2) | _json,
+        "chat_template": st.sampled_from([STRING_TEMPLATE, "{{ messages[0].content }}", "{{ x.__y__ }}", "{% if"]),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_message, max_size=4) | _json, _options | _json)
+def test_any_chat_json_is_a_request_or_invalid_input(stage, messages, options):
+    inputs = {"messages": _text(json.dumps(messages)), "chat_options": _text(json.dumps(options))}
+    try:
+        request = stage.build_request(inputs, {})
+    except InvalidInput as exc:
+        assert str(exc)
+        return
+    assert all(isinstance(t, int) for t in request.prompt_token_ids)
