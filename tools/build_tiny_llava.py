@@ -5,9 +5,10 @@ project's corpus) plus an `<image>` token; the weights come from a fixed seed, s
 bytes. A stamp file makes a second run return at once.
 
 Two facts of this environment shape the build (ENVIRONMENT.md):
-  * transformers 5 saves the vision tower's weights as `model.vision_tower.embeddings...`, while vLLM 0.32's
-    LLaVA loader expects the transformers-4 layout `vision_tower.vision_model.embeddings...`. The checkpoint is
-    written in the layout vLLM reads (and transformers 5 still loads: it maps legacy LLaVA checkpoints).
+  * transformers 5 saves the CLIP tower's weights as `vision_tower.embeddings...`, while vLLM 0.32's LLaVA
+    loader wants `vision_tower.vision_model.embeddings...` (it refuses the other: "no module or parameter named
+    'vision_tower.embeddings'"). The checkpoint is rewritten in vLLM's layout, which transformers 5 also loads:
+    its greedy output for an image then equals vLLM's (measured).
   * transformers 5's default image processors are torchvision-backed, and the PyPI torchvision wheel is a CUDA
     build that fails to import next to CPU torch. The processor config names the Pillow-backed
     `CLIPImageProcessorPil`, so neither vLLM nor transformers needs torchvision for this model (see the
