@@ -125,12 +125,19 @@ def build(out: Path, force: bool = False) -> Path:
     torch.manual_seed(SEED)
     model = LlavaForConditionalGeneration(config)
     with torch.no_grad():
-        # As in the tiny Llama: larger embeddings and output weights make greedy output depend on the input;
-        # a larger projector makes it depend on the image.
+        # As in the tiny Llama: larger embeddings and output weights make greedy output depend on the input.
         model.get_input_embeddings().weight.normal_(0.0, 1.0)
         model.lm_head.weight.normal_(0.0, 0.35)
         for parameter in model.model.multi_modal_projector.parameters():
             parameter.normal_(0.0, 1.0)
+        # CLIP's default init (std 0.02) lets the position embeddings drown the pixels: every image then looks
+        # alike to the language model. A larger patch embedding makes the picture itself count.
+        model.model.vision_tower.embeddings.patch_embedding.weight.normal_(0.0, 0.5)
+        # With the default init (std 0.02) the attention output is tiny beside a token's own embedding, so the next
+        # token depends on the last prompt tokens only, never on the image tokens before them.
+        for layer in model.model.language_model.layers:
+            layer.self_attn.v_proj.weight.normal_(0.0, 0.15)
+            layer.self_attn.o_proj.weight.normal_(0.0, 0.15)
     model.save_pretrained(out, safe_serialization=True)
     weights = out / "model.safetensors"
     save_file({_vllm_layout(k): v.contiguous() for k, v in load_file(weights).items()}, weights, {"format": "pt"})
