@@ -35,6 +35,10 @@ def prepare_process_environment() -> None:
     with contextlib.suppress(locale.Error):
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM's LLaVA code imports a torchvision-only transformers module; CPU machines have no usable torchvision.
+    from core.torchvision_free import install
+
+    install()
 
 
 def _logprobs_json(logprobs: Any) -> list[dict[str, list]] | None:
@@ -67,6 +71,15 @@ def to_engine_response(output: Any, postprocess_options: dict[str, Any], streame
         request_id=str(output.request_id),
         streamed=streamed,
     )
+
+
+def _rgb_image(doc: dict[str, Any]) -> Any:
+    """EngineRequest.images entry -> PIL RGB image: a copy of pixels that preprocess decoded and checked."""
+    import base64
+
+    from PIL import Image
+
+    return Image.frombytes("RGB", (int(doc["width"]), int(doc["height"])), base64.b64decode(doc["rgb"]))
 
 
 class Engine:
@@ -138,13 +151,20 @@ class Engine:
         asyncio.run_coroutine_threadsafe(self._generate(request, emit, is_cancelled), self._loop)
 
     def _sampling_params(self, request: EngineRequest) -> Any:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+        from vllm.sampling_params import (
+            RepetitionDetectionParams,
+            RequestOutputKind,
+            SamplingParams,
+            StructuredOutputsParams,
+        )
 
         params = dict(request.sampling)
         params.pop("lora_name", None)
         structured = params.pop("structured_outputs", None)
         if structured is not None:
             params["structured_outputs"] = StructuredOutputsParams(**structured)
+        if (repetition := params.pop("repetition_detection", None)) is not None:
+            params["repetition_detection"] = RepetitionDetectionParams(**repetition)
         kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
         try:
             return SamplingParams(**params, output_kind=kind)
@@ -174,6 +194,8 @@ class Engine:
                 prompt = {"prompt": request.prompt}
             else:
                 raise InvalidInput("engine_request: neither prompt_token_ids nor prompt")
+            if request.images:
+                prompt["multi_modal_data"] = {"image": [_rgb_image(doc) for doc in request.images]}
             self._in_flight.add(request_id)
             async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
                 finished = output.finished

@@ -56,6 +56,13 @@ MESSAGES = TensorSpec(
     "messages", "TYPE_STRING", (1,), optional=True, doc="OpenAI-style chat messages (JSON), instead of text_input"
 )
 IMAGE = TensorSpec("image", "TYPE_STRING", (-1,), optional=True, doc="base64 images, one per element")
+CHAT_OPTIONS = TensorSpec(
+    "chat_options",
+    "TYPE_STRING",
+    (1,),
+    optional=True,
+    doc="chat template options (JSON object): chat_template_kwargs, add_generation_prompt, ...",
+)
 STREAM = _bool("stream", "stream deltas (streaming model) instead of one final response")
 SAMPLING_PARAMETERS = TensorSpec(
     "sampling_parameters", "TYPE_STRING", (1,), optional=True, doc="vLLM sampling parameters (JSON object)"

@@ -19,6 +19,9 @@ class EngineRequest:
     prompt: str | None = None  # used by the core only when prompt_token_ids is None (raw-text preprocess)
     stream: bool = False
     lora_name: str | None = None
+    # Decoded, size-checked images for vLLM's multi_modal_data: {"width", "height", "rgb"} with `rgb` the raw
+    # RGB pixels (row-major, base64). Preprocess decodes; the engine process only wraps the pixels.
+    images: list[dict[str, Any]] | None = None
     postprocess_options: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -1,6 +1,13 @@
-"""The default preprocess stage: prompt -> token ids, strict sampling parameters, output options.
+"""The default preprocess stage: prompt or chat messages -> token ids, images, strict sampling parameters,
+output options.
 
-Accepts the Triton vLLM backend's inputs, so its clients work unchanged.
+Accepts the Triton vLLM backend's inputs, so its clients work unchanged, and `messages` (OpenAI-style chat,
+rendered with the chat template as vLLM's `LLM.chat` does, see preprocess/chat.py).
+
+Settings (from the deployment config): `tokenizer`, `max_model_len`, `max_logprobs`, `lora_names`;
+`chat_template` (inline) or `chat_template_file` (path) to replace the tokenizer's template;
+`allow_request_chat_template` (default false); `image_placeholder` (default "<image>", the text vLLM puts in
+a string-content prompt per image); `max_image_bytes`, `max_image_pixels`, `max_images` (preprocess/images.py).
 """
 
 from __future__ import annotations
@@ -13,13 +20,18 @@ import numpy as np
 from core import interface as tensors
 from core.interface import InvalidInput
 from core.protocol import EngineRequest
-from core.stage import Stage, bool_scalar, string_scalar
+from core.stage import Stage, bool_scalar, parse_bool, string_scalar
+from preprocess.chat import CHAT_OPTION_KEYS, parse_chat_options, parse_messages, render_chat
+from preprocess.images import ImageLimits, decode_images
 from preprocess.sampling import validate_sampling
 
 
 class Preprocessor(Stage):
     inputs = (
         tensors.TEXT_INPUT,
+        tensors.MESSAGES,
+        tensors.IMAGE,
+        tensors.CHAT_OPTIONS,
         tensors.STREAM,
         tensors.SAMPLING_PARAMETERS,
         tensors.EXCLUDE_INPUT_IN_OUTPUT,
@@ -36,35 +48,80 @@ class Preprocessor(Stage):
         self.max_logprobs: int | None = settings.get("max_logprobs")
         loras = settings.get("lora_names")
         self.known_loras = frozenset(loras) if loras is not None else None
+        self.chat_template = self._deployment_template(settings)
+        self.allow_request_template = parse_bool(
+            settings.get("allow_request_chat_template", False), "allow_request_chat_template"
+        )
+        self.image_placeholder: str = settings.get("image_placeholder") or "<image>"
+        self.image_limits = ImageLimits.from_settings(settings)
+
+    @staticmethod
+    def _deployment_template(settings: Mapping[str, Any]) -> str | None:
+        inline, path = settings.get("chat_template"), settings.get("chat_template_file")
+        if inline and path:
+            raise ValueError("preprocess settings: set chat_template or chat_template_file, not both")
+        if path:
+            from pathlib import Path
+
+            return Path(path).read_text(encoding="utf-8")
+        return inline or None
 
     def process(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        prompt = string_scalar(inputs, tensors.TEXT_INPUT.name)
-        if prompt is None:
-            raise InvalidInput(f"{tensors.TEXT_INPUT.name} is required")
-        request = self.build_request(prompt, inputs, parameters)
+        request = self.build_request(inputs, parameters)
         return {tensors.ENGINE_REQUEST.name: np.array([request.to_json().encode("utf-8")], dtype=np.object_)}
 
-    def build_request(
-        self, prompt: str, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
-    ) -> EngineRequest:
+    def _prompt(
+        self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+    ) -> tuple[str, list[int], list[Any]]:
+        """(prompt text, token ids, image sources) from text_input + image, or from messages."""
+        text = string_scalar(inputs, tensors.TEXT_INPUT.name)
+        messages = string_scalar(inputs, tensors.MESSAGES.name)
+        if (text is None) == (messages is None):
+            raise InvalidInput(
+                f"send exactly one of {tensors.TEXT_INPUT.name} and {tensors.MESSAGES.name}"
+                f" ({'both' if text is not None else 'neither'} given)"
+            )
+        image_array = inputs.get(tensors.IMAGE.name)
+        tensor_images = [] if image_array is None else list(image_array.reshape(-1))
+        options_json = string_scalar(inputs, tensors.CHAT_OPTIONS.name)
+        if text is not None:
+            chat_keys = sorted(CHAT_OPTION_KEYS & parameters.keys())
+            if options_json is not None or chat_keys:
+                given = chat_keys[0] if chat_keys else tensors.CHAT_OPTIONS.name
+                raise InvalidInput(f"{given}: chat options apply to {tensors.MESSAGES.name} requests only")
+            return text, self.tokenizer.encode(text), tensor_images
+        if tensor_images:
+            raise InvalidInput(
+                f"{tensors.IMAGE.name}: with {tensors.MESSAGES.name}, send images as image_url parts of the messages"
+            )
+        options = parse_chat_options(options_json, parameters, allow_request_template=self.allow_request_template)
+        rendered = render_chat(
+            self.tokenizer, parse_messages(messages), options, self.chat_template, self.image_placeholder
+        )
+        return rendered.prompt, rendered.token_ids, rendered.image_sources
+
+    def build_request(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> EngineRequest:
         stream = bool_scalar(inputs, tensors.STREAM.name, False)
         # The vLLM backend's rule: the prompt is echoed unless excluded, and by default not when streaming.
         exclude_input = bool_scalar(inputs, tensors.EXCLUDE_INPUT_IN_OUTPUT.name, stream)
         if stream and not exclude_input:
             raise InvalidInput("exclude_input_in_output=false is not allowed when streaming")
+        prompt, token_ids, image_sources = self._prompt(inputs, parameters)
         sampling = validate_sampling(
             string_scalar(inputs, tensors.SAMPLING_PARAMETERS.name),
-            parameters,
+            {k: v for k, v in parameters.items() if k not in CHAT_OPTION_KEYS},
             max_logprobs=self.max_logprobs,
             known_loras=self.known_loras,
         )
-        token_ids = self.tokenizer.encode(prompt)
         self.check_length(len(token_ids), sampling.get("max_tokens"))
+        # Last: decoding is the expensive step, so a request that fails a cheap check never pays for it.
+        images = decode_images(image_sources, self.image_limits, "image") if image_sources else []
         return EngineRequest(
             sampling=sampling,
             prompt_token_ids=token_ids,
             stream=stream,
             lora_name=sampling.get("lora_name"),
+            images=[image.to_wire() for image in images] or None,
             postprocess_options={
                 "prompt_prefix": "" if exclude_input else prompt,
                 "return": [flag.name for flag in tensors.RETURN_FLAGS if bool_scalar(inputs, flag.name, False)],

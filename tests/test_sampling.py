@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.interface import InvalidInput
-from preprocess.sampling import SAMPLING_RULES, validate_sampling
+from preprocess.sampling import NOT_SETTABLE, SAMPLING_RULES, validate_sampling
 
 
 def test_every_rule_is_a_vllm_sampling_param():
@@ -23,6 +23,49 @@ def test_every_rule_is_a_vllm_sampling_param():
     )
     ours = set(SAMPLING_RULES) - {"lora_name", "guided_decoding"}
     assert ours <= fields, ours - fields
+
+
+def test_every_client_settable_vllm_sampling_param_has_a_rule():
+    """Completeness against the installed vLLM: a new SamplingParams field fails this test until it is listed."""
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    public = {f.name for f in msgspec.structs.fields(SamplingParams) if not f.name.startswith("_")}
+    assert public - set(SAMPLING_RULES) - set(NOT_SETTABLE) == set()
+    assert set(NOT_SETTABLE) <= public
+
+
+@pytest.mark.parametrize("key", sorted(NOT_SETTABLE))
+def test_engine_internal_fields_are_refused_with_the_reason(key):
+    with pytest.raises(InvalidInput, match=f"'{key}' cannot be set per request: "):
+        validate_sampling(json.dumps({key: 1}), {})
+
+
+def test_structured_outputs_are_checked_before_the_engine():
+    assert validate_sampling('{"structured_outputs": {"json": "{\\"type\\": \\"object\\"}"}}', {}) == {
+        "structured_outputs": {"json": '{"type": "object"}'}
+    }
+    got = validate_sampling(None, {"structured_outputs": '{"regex": "[a-z]+", "disable_any_whitespace": "true"}'})
+    assert got == {"structured_outputs": {"regex": "[a-z]+", "disable_any_whitespace": True}}
+    for doc, message in [
+        ({"choice": []}, "must be a non-empty list of strings"),
+        ({"json": "{not json"}, "structured_outputs.json: not a JSON schema"),
+        ({"regex": "a", "choice": ["a"]}, "set exactly one of json, regex, choice"),
+        ({"disable_any_whitespace": True}, "(got none)"),
+        ({"regx": "a"}, "unknown key 'regx'"),
+    ]:
+        with pytest.raises(InvalidInput, match=message.replace("(", r"\(").replace(")", r"\)")):
+            validate_sampling(json.dumps({"structured_outputs": doc}), {})
+
+
+def test_vllm_rules_that_span_fields():
+    with pytest.raises(InvalidInput, match=r"n=2: must be 1 with greedy sampling"):
+        validate_sampling('{"n": 2, "temperature": 0}', {})
+    with pytest.raises(InvalidInput, match=r"logprobs=-1: the whole vocabulary needs"):
+        validate_sampling('{"logprobs": -1}', {}, max_logprobs=20)
+    assert validate_sampling('{"logprobs": -1}', {}, max_logprobs=-1) == {"logprobs": -1}
+    with pytest.raises(InvalidInput, match=r"min_count must be >= 2"):
+        validate_sampling('{"repetition_detection": {"max_pattern_size": 3, "min_count": 1}}', {})
 
 
 def test_string_forms_are_accepted_as_the_vllm_backend_accepts_them():
@@ -69,7 +112,14 @@ def test_guided_decoding_is_mapped_to_structured_outputs():
         ({"ignore_eos": "maybe"}, "ignore_eos: expected a boolean, got 'maybe'"),
         ({"logit_bias": {"x": 1}}, "logit_bias key: expected an integer, got 'x'"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens=5 must be <= max_tokens=2"),
-        ({"structured_outputs": 3}, "structured_outputs: expected an object"),
+        ({"structured_outputs": 3}, "structured_outputs: expected a JSON object"),
+        ({"temperature": 2.5}, "temperature=2.5: must be in [0, 2]"),
+        ({"stop": ["a", ""]}, "stop strings must not be empty"),
+        ({"bad_words": [""]}, "bad words must not be empty"),
+        ({"seed": 2**64}, f"seed={2**64}: must fit in 64 bits"),
+        ({"stream_interval": 0}, "stream_interval=0: must be >= 1"),
+        ({"thinking_token_budget": -1}, "thinking_token_budget=-1: must be >= 0"),
+        ({"extra_args": [1]}, "extra_args: expected a JSON object"),
     ],
 )
 def test_bad_values_name_field_value_and_rule(doc, message):
@@ -111,6 +161,62 @@ def test_any_json_is_accepted_typed_or_rejected_with_a_message(doc, parameters):
             assert type(value) is float
         if key in ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
             assert type(value) is int
+    _vllm_accepts(got)
+
+
+def _vllm_accepts(checked: dict) -> None:
+    """What preprocess accepts, vLLM's SamplingParams accepts too, built exactly as the core builds it (only
+    model-dependent checks, such as vocabulary ranges or max_logprobs, are left to the engine)."""
+    from core.engine import Engine
+    from core.protocol import EngineRequest
+
+    request = EngineRequest.from_json(EngineRequest(sampling=checked).to_json())  # as it travels
+    Engine._sampling_params(None, request)  # type: ignore[arg-type]  # uses no engine state
+
+
+structured = st.fixed_dictionaries(
+    {},
+    optional={
+        "json": st.sampled_from(['{"type": "object"}', {"type": "string"}, "{bad"]),
+        "regex": st.text(max_size=5),
+        "choice": st.lists(st.text(max_size=3), max_size=3),
+        "disable_any_whitespace": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "n": st.integers(-1, 3),
+            "temperature": st.floats(-1, 3) | st.sampled_from(["0", "0.5", "x"]),
+            "top_p": st.floats(-0.5, 1.5),
+            "top_k": st.integers(-3, 50),
+            "min_p": st.floats(-0.5, 1.5),
+            "presence_penalty": st.floats(-3, 3),
+            "repetition_penalty": st.floats(-1, 3),
+            "max_tokens": st.integers(-1, 64) | st.sampled_from(["16", "x"]),
+            "min_tokens": st.integers(-1, 64),
+            "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
+            "seed": st.integers(-(2**70), 2**70),
+            "logprobs": st.integers(-2, 30),
+            "structured_outputs": structured,
+            "stream_interval": st.integers(-1, 4),
+            "repetition_detection": st.fixed_dictionaries(
+                {}, optional={k: st.integers(-1, 4) for k in ("max_pattern_size", "min_pattern_size", "min_count")}
+            ),
+        },
+    )
+)
+def test_whatever_preprocess_accepts_vllm_accepts(doc):
+    try:
+        got = validate_sampling(json.dumps(doc), {}, max_logprobs=20)
+    except InvalidInput as exc:
+        assert str(exc)
+        return
+    _vllm_accepts(got)
 
 
 @settings(max_examples=200, deadline=None)

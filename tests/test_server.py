@@ -161,7 +161,7 @@ BAD_SAMPLING = [
     ('{"max_tokens": 2.5}', "max_tokens: expected an integer"),
     ('{"top_p": 1.5}', "top_p=1.5: must be in (0, 1]"),
     ('{"max_tokens": 0}', "max_tokens=0: must be >= 1"),
-    ('{"temperature": -0.5}', "temperature=-0.5: must be >= 0"),
+    ('{"temperature": -0.5}', "temperature=-0.5: must be in [0, 2]"),
     ('{"max_tokens": 4', "sampling_parameters: invalid JSON"),
     ("[1, 2]", "sampling_parameters: expected a JSON object"),
     ('{"max_tokens": 100000}', "exceed the model's context of 512 tokens"),

@@ -47,7 +47,7 @@ def test_preprocess_echo_rules_follow_the_vllm_backend(preprocessor):
 
 
 def test_preprocess_rejects_missing_or_malformed_prompt(preprocessor):
-    with pytest.raises(InvalidInput, match="text_input is required"):
+    with pytest.raises(InvalidInput, match="exactly one of text_input and messages"):
         preprocessor.process({}, {})
     with pytest.raises(InvalidInput, match="text_input: not valid UTF-8"):
         preprocessor.process({"text_input": np.array([b"\xff\xfe"], dtype=np.object_)}, {})
