@@ -49,8 +49,12 @@ stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
 dest = root / "backends" / "python" / "triton_python_backend_stub"
 if not stub.exists():
     sys.exit(f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}")
-shutil.copy2(stub, dest)
-dest.chmod(0o755)
+if not dest.exists() or dest.read_bytes() != stub.read_bytes():
+    # Copy then rename: a running server's stubs keep the old file ("Text file busy" on a plain copy).
+    tmp = dest.with_suffix(".tmp")
+    shutil.copy2(stub, tmp)
+    tmp.chmod(0o755)
+    tmp.replace(dest)
 PYEOF
 
 echo "$want" > "$STAMP"
