@@ -20,6 +20,7 @@ from typing import Any
 
 from core.interface import InvalidInput, Unavailable
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
+from core.token_windows import TokenWindows
 
 log = logging.getLogger("vllm_core")
 
@@ -37,39 +38,62 @@ def prepare_process_environment() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _logprobs_json(logprobs: Any) -> list[dict[str, list]] | None:
+def _logprobs_json(logprobs: Any) -> list[dict[str, list] | None] | None:
     if logprobs is None:
         return None
     return [
-        {str(token_id): [lp.logprob, lp.rank, lp.decoded_token] for token_id, lp in position.items()}
+        None
+        if position is None
+        else {str(token_id): [lp.logprob, lp.rank, lp.decoded_token] for token_id, lp in position.items()}
         for position in logprobs
     ]
 
 
-def to_engine_response(output: Any, postprocess_options: dict[str, Any]) -> EngineResponse:
-    """vLLM RequestOutput (DELTA or FINAL_ONLY kind) -> EngineResponse."""
+def _delta(seq: Any, windows: TokenWindows | None) -> SequenceDelta:
+    token_ids = list(seq.token_ids)
+    delta = SequenceDelta(
+        index=seq.index,
+        text=seq.text,
+        token_ids=token_ids,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+        cumulative_logprob=seq.cumulative_logprob,
+        logprobs=_logprobs_json(seq.logprobs),
+    )
+    if windows is not None:
+        delta.context_ids, delta.context_prompt_tokens = windows.next_window(seq.index, token_ids)
+    return delta
+
+
+def to_engine_response(
+    output: Any,
+    postprocess_options: dict[str, Any],
+    windows: TokenWindows | None = None,
+    decode: dict[str, bool] | None = None,
+) -> EngineResponse:
+    """vLLM RequestOutput (DELTA or FINAL_ONLY kind) -> EngineResponse; with `windows`, for postprocess to decode."""
     return EngineResponse(
-        outputs=[
-            SequenceDelta(
-                index=seq.index,
-                text=seq.text,
-                token_ids=list(seq.token_ids),
-                finish_reason=seq.finish_reason,
-                stop_reason=seq.stop_reason,
-                cumulative_logprob=seq.cumulative_logprob,
-                logprobs=_logprobs_json(seq.logprobs),
-            )
-            for seq in output.outputs
-        ],
+        outputs=[_delta(seq, windows) for seq in output.outputs],
         num_input_tokens=len(output.prompt_token_ids or ()),
         finished=output.finished,
         postprocess_options=postprocess_options,
+        decode=decode if windows is not None else None,
+        prompt_logprobs=_logprobs_json(output.prompt_logprobs) or None,
     )
 
 
 class Engine:
-    def __init__(self, engine_args: dict[str, Any], lora_adapters: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        engine_args: dict[str, Any],
+        lora_adapters: dict[str, str] | None = None,
+        offload_detokenization: bool = True,
+    ) -> None:
         prepare_process_environment()
+        # Let postprocess turn ids into text (postprocess/detokenize.py) unless a request needs vLLM's own
+        # detokenizer in this process: stop strings (vLLM must see the text to stop generating).
+        self._offload_detokenization = offload_detokenization
+        self._sync_ids: frozenset[int] | None = None
         self._engine_args = engine_args
         self._lora_adapters = dict(lora_adapters or {})
         self._ids = itertools.count()
@@ -100,6 +124,10 @@ class Engine:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+            if self._offload_detokenization and self._llm.tokenizer is not None:
+                from postprocess.detokenize import sync_token_ids
+
+                self._sync_ids = sync_token_ids(self._llm.tokenizer)
         except BaseException as exc:  # noqa: BLE001 - handed to start() in the caller's thread
             self._start_error = exc
             self._started.set()
@@ -144,6 +172,8 @@ class Engine:
         if structured is not None:
             params["structured_outputs"] = StructuredOutputsParams(**structured)
         kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
+        if self._sync_ids is not None and not params.get("stop"):
+            params["detokenize"] = False  # postprocess decodes (see __init__)
         try:
             return SamplingParams(**params, output_kind=kind)
         except (TypeError, ValueError) as exc:
@@ -173,9 +203,17 @@ class Engine:
             else:
                 raise InvalidInput("engine_request: neither prompt_token_ids nor prompt")
             self._in_flight.add(request_id)
+            windows, decode = None, None
             async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
                 finished = output.finished
-                emit(to_engine_response(output, request.postprocess_options), None, finished)
+                if not sampling.detokenize and windows is None:
+                    windows = TokenWindows(output.prompt_token_ids, self._sync_ids, sampling.logprobs is not None)
+                    decode = {
+                        "skip_special_tokens": sampling.skip_special_tokens,
+                        "spaces_between_special_tokens": sampling.spaces_between_special_tokens,
+                        "include_stop_str_in_output": sampling.include_stop_str_in_output,
+                    }
+                emit(to_engine_response(output, request.postprocess_options, windows, decode), None, finished)
                 if finished:
                     return
             if not finished:  # the stream ended without a final output (aborted)

@@ -83,6 +83,9 @@ LOGPROBS = TensorSpec("logprobs", "TYPE_STRING", (-1,))
 NUM_INPUT_TOKENS = TensorSpec("num_input_tokens", "TYPE_UINT32", (1,))
 NUM_OUTPUT_TOKENS = TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,))
 
+# Ours: prompt logprobs (sampling parameter `prompt_logprobs`), in the `logprobs` JSON style, first entry null.
+PROMPT_LOGPROBS = TensorSpec("prompt_logprobs", "TYPE_STRING", (1,))
+
 VLLM_BACKEND_OUTPUTS = (TEXT_OUTPUT, FINISH_REASON, CUMULATIVE_LOGPROB, LOGPROBS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS)
 
 # Internal tensors between the stages. Both are one JSON document (see core/protocol.py): a request or a

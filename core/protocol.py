@@ -41,6 +41,10 @@ class SequenceDelta:
     cumulative_logprob: float | None = None
     # One entry per new token: {token_id: [logprob, rank, decoded_token]}; None when logprobs were not asked.
     logprobs: list[dict[str, list]] | None = None
+    # When the engine did not detokenize (EngineResponse.decode is set): the ids before `token_ids` that
+    # postprocess/detokenize.py needs to decode them, the first `context_prompt_tokens` of them from the prompt.
+    context_ids: list[int] | None = None
+    context_prompt_tokens: int = 0
 
 
 @dataclass
@@ -49,6 +53,11 @@ class EngineResponse:
     num_input_tokens: int
     finished: bool
     postprocess_options: dict[str, Any] = field(default_factory=dict)
+    # Set when `text` and logprobs' decoded tokens are still to be made from the ids (postprocess/detokenize.py):
+    # vLLM's skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output. None: the engine did.
+    decode: dict[str, bool] | None = None
+    # Per prompt position (the first is null), as `logprobs`; in the first response only, when asked.
+    prompt_logprobs: list[dict[str, list] | None] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -77,6 +86,8 @@ def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
                     delta.stop_reason,
                     delta.cumulative_logprob,
                     list(delta.logprobs) if delta.logprobs is not None else None,
+                    delta.context_ids,
+                    delta.context_prompt_tokens,
                 )
                 continue
             seq.text += delta.text
@@ -92,4 +103,6 @@ def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
         num_input_tokens=last.num_input_tokens,
         finished=last.finished,
         postprocess_options=last.postprocess_options,
+        decode=last.decode,
+        prompt_logprobs=next((r.prompt_logprobs for r in responses if r.prompt_logprobs is not None), None),
     )

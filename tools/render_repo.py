@@ -300,7 +300,11 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
     )
     files[f"{names.postprocess}/1/model.py"] = _model_py("StageModel", "the postprocess stage")
     files[f"{names.postprocess}/1/stage.json"] = _json(
-        {"class": deployment.postprocess.cls, "settings": deployment.postprocess.settings}
+        {
+            "class": deployment.postprocess.cls,
+            # the engine's tokenizer: postprocess turns the engine's token ids into text (postprocess/detokenize.py)
+            "settings": {"tokenizer": engine_args.get("tokenizer", model), **deployment.postprocess.settings},
+        }
     )
 
     core_io = ((tensors.ENGINE_REQUEST,), (tensors.ENGINE_RESPONSE,))
