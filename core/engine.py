@@ -65,6 +65,26 @@ def _delta(seq: Any, windows: TokenWindows | None) -> SequenceDelta:
     return delta
 
 
+def _every_sequence(response: EngineResponse, n: int, last: dict[int, SequenceDelta]) -> None:
+    """One element per sequence in every streamed response, as the vLLM backend sends (vLLM's DELTA outputs carry
+    only the sequences that moved): a quiet sequence gets no text, no tokens and its last finish reason."""
+    for seq in response.outputs:
+        last[seq.index] = seq
+    if len(response.outputs) == n:
+        return
+    present = {seq.index for seq in response.outputs}
+    for index in range(n):
+        if index not in present:
+            before = last.get(index)
+            quiet = SequenceDelta(index, "", [], context_ids=[] if response.decode is not None else None)
+            if before is not None:
+                quiet.finish_reason, quiet.stop_reason = before.finish_reason, before.stop_reason
+                quiet.cumulative_logprob = before.cumulative_logprob
+                quiet.logprobs = [] if before.logprobs is not None else None
+            response.outputs.append(quiet)
+    response.outputs.sort(key=lambda seq: seq.index)
+
+
 def to_engine_response(
     output: Any,
     postprocess_options: dict[str, Any],
@@ -203,7 +223,7 @@ class Engine:
             else:
                 raise InvalidInput("engine_request: neither prompt_token_ids nor prompt")
             self._in_flight.add(request_id)
-            windows, decode = None, None
+            windows, decode, last = None, None, {}
             async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
                 finished = output.finished
                 if not sampling.detokenize and windows is None:
@@ -213,7 +233,10 @@ class Engine:
                         "spaces_between_special_tokens": sampling.spaces_between_special_tokens,
                         "include_stop_str_in_output": sampling.include_stop_str_in_output,
                     }
-                emit(to_engine_response(output, request.postprocess_options, windows, decode), None, finished)
+                response = to_engine_response(output, request.postprocess_options, windows, decode)
+                if sampling.n > 1:
+                    _every_sequence(response, sampling.n, last)
+                emit(response, None, finished)
                 if finished:
                     return
             if not finished:  # the stream ended without a final output (aborted)
