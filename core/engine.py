@@ -20,7 +20,7 @@ from typing import Any
 
 from core.interface import InvalidInput, Unavailable
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
-from core.token_windows import TokenWindows
+from core.token_windows import TokenWindows, decode_options
 
 log = logging.getLogger("vllm_core")
 
@@ -228,11 +228,7 @@ class Engine:
                 finished = output.finished
                 if not sampling.detokenize and windows is None:
                     windows = TokenWindows(output.prompt_token_ids, self._sync_ids, sampling.logprobs is not None)
-                    decode = {
-                        "skip_special_tokens": sampling.skip_special_tokens,
-                        "spaces_between_special_tokens": sampling.spaces_between_special_tokens,
-                        "include_stop_str_in_output": sampling.include_stop_str_in_output,
-                    }
+                    decode = decode_options(sampling)
                 response = to_engine_response(output, request.postprocess_options, windows, decode)
                 if sampling.n > 1:
                     _every_sequence(response, sampling.n, last)

@@ -54,7 +54,8 @@ class EngineResponse:
     finished: bool
     postprocess_options: dict[str, Any] = field(default_factory=dict)
     # Set when `text` and logprobs' decoded tokens are still to be made from the ids (postprocess/detokenize.py):
-    # vLLM's skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output. None: the engine did.
+    # those of vLLM's skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output that differ
+    # from vLLM's defaults (usually {}). None: the engine detokenized.
     decode: dict[str, bool] | None = None
     # Per prompt position (the first is null), as `logprobs`; in the first response only, when asked.
     prompt_logprobs: list[dict[str, list] | None] | None = None

@@ -195,6 +195,7 @@ class Detokenizer:
             prefill, replay = context[:num_prompt], context[num_prompt:]
         else:  # the window starts at a sync token of the output: it stands for everything before it
             prefill, replay = context[:1], context[1:]
+        # `decode` carries only what differs from vLLM's defaults (core/token_windows.py: DECODE_DEFAULTS)
         stream = _Stream(
             self.raw,
             prefill,
