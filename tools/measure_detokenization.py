@@ -2,6 +2,7 @@
 postprocess stage per streamed response. Same workload both ways, in one run, alternating rounds.
 
     python tools/measure_detokenization.py [--requests 32] [--max-tokens 128] [--rounds 2] [--logprobs 0]
+    python tools/measure_detokenization.py --micro      # per-token costs, single thread, no engine
 
 The engine runs as in the vllm_core model (core/engine.py, the repository's model.json), without Triton: each
 engine response is serialized to JSON as the core adapter does. "engine process" is this process (AsyncLLM's
@@ -88,6 +89,58 @@ def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, flo
     return time.process_time() - cpu0, _children_cpu() - child0, wall, responses, tokens[0]
 
 
+def micro(tokenizer_path: str, repeat: int = 20) -> None:
+    """Per-token CPU of what moves: vLLM's incremental text decoding vs the core's windows and larger JSON."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+    from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+
+    from core.protocol import EngineResponse, SequenceDelta
+    from core.token_windows import TokenWindows
+    from postprocess.detokenize import sync_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    output = tokenizer.encode("Grüße aus München, 你好世界! The quick brown fox jumps. " * 40)[:512]
+    prompt = tokenizer.encode(PROMPTS[4])
+    sync_ids = sync_token_ids(tokenizer)
+    params = SimpleNamespace(
+        stop=None, min_tokens=0, include_stop_str_in_output=False, skip_special_tokens=True,
+        spaces_between_special_tokens=True,
+    )  # fmt: skip
+
+    def vllm_decode() -> None:
+        request = SimpleNamespace(request_id="m", prompt_token_ids=prompt, sampling_params=params)
+        detokenizer = FastIncrementalDetokenizer(tokenizer, request)
+        for token_id in output:
+            detokenizer.update([token_id], False)
+            detokenizer.get_next_output_text(False, True)
+
+    def windows() -> None:
+        w = TokenWindows(prompt, sync_ids, logprobs=False)
+        for token_id in output:
+            w.next_window(0, [token_id])
+
+    def responses(offload: bool) -> None:
+        for token_id in output:
+            delta = SequenceDelta(0, "", [token_id], context_ids=[token_id] if offload else None)
+            EngineResponse(
+                [delta], len(prompt), False, {"prompt_prefix": "", "return": []}, {} if offload else None
+            ).to_json()
+
+    for name, run in [
+        ("vLLM incremental text decoding (what leaves the engine)", vllm_decode),
+        ("core: token windows (what the engine does instead)", windows),
+        ("core: engine response JSON, vLLM decodes", lambda: responses(False)),
+        ("core: engine response JSON, postprocess decodes", lambda: responses(True)),
+    ]:
+        run()
+        start = time.thread_time()
+        for _ in range(repeat):
+            run()
+        print(f"{name}: {1e6 * (time.thread_time() - start) / repeat / len(output):.2f} us per token")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-json", type=Path, default=ROOT / "model_repository" / "vllm_core" / "1" / "model.json")
@@ -95,7 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--logprobs", type=int, default=0, help="sampling logprobs (0: not asked)")
+    parser.add_argument("--micro", action="store_true", help="per-token microbenchmarks only")
     args = parser.parse_args(argv)
+    if args.micro:
+        from core.engine_config import load_engine_args
+
+        engine_args = load_engine_args(args.model_json)
+        micro(engine_args.get("tokenizer", engine_args["model"]))
+        return 0
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from transformers import AutoTokenizer
