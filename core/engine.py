@@ -65,7 +65,7 @@ def _delta(seq: Any, windows: TokenWindows | None) -> SequenceDelta:
     return delta
 
 
-def _every_sequence(response: EngineResponse, n: int, last: dict[int, SequenceDelta]) -> None:
+def _every_sequence(response: EngineResponse, n: int, last: dict[int, SequenceDelta], logprobs: bool) -> None:
     """One element per sequence in every streamed response, as the vLLM backend sends (vLLM's DELTA outputs carry
     only the sequences that moved): a quiet sequence gets no text, no tokens and its last finish reason."""
     for seq in response.outputs:
@@ -76,11 +76,11 @@ def _every_sequence(response: EngineResponse, n: int, last: dict[int, SequenceDe
     for index in range(n):
         if index not in present:
             before = last.get(index)
-            quiet = SequenceDelta(index, "", [], context_ids=[] if response.decode is not None else None)
+            quiet = SequenceDelta(index, "", [], logprobs=[] if logprobs else None)
+            quiet.context_ids = [] if response.decode is not None else None
             if before is not None:
                 quiet.finish_reason, quiet.stop_reason = before.finish_reason, before.stop_reason
                 quiet.cumulative_logprob = before.cumulative_logprob
-                quiet.logprobs = [] if before.logprobs is not None else None
             response.outputs.append(quiet)
     response.outputs.sort(key=lambda seq: seq.index)
 
@@ -231,7 +231,7 @@ class Engine:
                     decode = decode_options(sampling)
                 response = to_engine_response(output, request.postprocess_options, windows, decode)
                 if sampling.n > 1:
-                    _every_sequence(response, sampling.n, last)
+                    _every_sequence(response, sampling.n, last, sampling.logprobs is not None)
                 emit(response, None, finished)
                 if finished:
                     return

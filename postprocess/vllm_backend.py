@@ -39,7 +39,7 @@ def logprobs_json(seq: SequenceDelta) -> str:
 
 class VllmBackendPostprocessor(Stage):
     inputs = (tensors.ENGINE_RESPONSE,)
-    outputs = (*tensors.VLLM_BACKEND_OUTPUTS, tensors.PROMPT_LOGPROBS)
+    outputs = (*tensors.VLLM_BACKEND_OUTPUTS, tensors.STOP_REASON, tensors.PROMPT_LOGPROBS)
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
@@ -75,6 +75,8 @@ class VllmBackendPostprocessor(Stage):
             out["num_input_tokens"] = np.array([response.num_input_tokens], dtype=np.uint32)
         if "return_num_output_tokens" in wanted:
             out["num_output_tokens"] = np.array([len(s.token_ids) for s in seqs], dtype=np.uint32)
+        if "return_stop_reason" in wanted:
+            out["stop_reason"] = np.array([str(s.stop_reason).encode("utf-8") for s in seqs], dtype=np.object_)
         if response.prompt_logprobs is not None:  # only the response that carries them (the first one)
             out["prompt_logprobs"] = np.array([_positions_json(response.prompt_logprobs).encode("utf-8")], np.object_)
         return out

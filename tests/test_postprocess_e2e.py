@@ -102,10 +102,14 @@ def test_stop_string_split_across_tokens_is_never_partly_emitted(
     at = offline["text"].index(stop)
     expected = offline["text"][: at + len(stop)] if include else offline["text"][:at]
     sampling = {**GREEDY, "stop": [stop], "include_stop_str_in_output": include}
-    responses = _stream(server, prompt, sampling, return_finish_reason=True, return_num_output_tokens=True)
+    responses = _stream(
+        server, prompt, sampling, return_finish_reason=True, return_num_output_tokens=True, return_stop_reason=True
+    )
     # Deltas only ever append, so an exact join means no part of the stop string was sent and taken back.
     assert _joined(responses) == expected
     assert responses[-1]["finish_reason"][0] == b"stop"
+    assert responses[-1]["stop_reason"][0].decode() == stop
+    assert all(r["stop_reason"][0] == b"None" for r in responses[:-1])
     assert sum(int(r["num_output_tokens"][0]) for r in responses) < len(offline["token_ids"])
     plain = grpc_infer(grpc_client, prompt, sampling, exclude_input_in_output=True, return_finish_reason=True)
     assert text_of(plain) == expected and plain["finish_reason"][0] == b"stop"
@@ -141,3 +145,21 @@ def test_prompt_logprobs_are_vllms(server, grpc_client):
     streamed = _stream(server, prompt, sampling)
     assert json.loads(streamed[0]["prompt_logprobs"][0]) == positions  # in the first streamed response only
     assert all("prompt_logprobs" not in r for r in streamed[1:])
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_token_ids_end_the_text_as_in_vllm(server, offline_outputs, include):
+    """Stop token ids need no text in the engine: postprocess leaves the stop token's text out, as vLLM does."""
+    index = 1
+    prompt, ids = REFERENCE_PROMPTS[index], offline_outputs[index]["token_ids"]
+    at = len(ids) // 2
+    stop_id = ids[at]
+    first = ids.index(stop_id)
+    sampling = {**GREEDY, "stop_token_ids": [stop_id], "include_stop_str_in_output": include}
+    flags = {"return_finish_reason": True, "return_num_output_tokens": True, "return_stop_reason": True}
+    ours = _stream(server, prompt, sampling, **flags)
+    theirs = _stream(server, prompt, {**sampling, "stop": NEVER}, **flags)
+    assert _joined(ours) == _joined(theirs)
+    assert sum(int(r["num_output_tokens"][0]) for r in ours) == first + 1
+    assert ours[-1]["finish_reason"][0] == b"stop" and ours[-1]["stop_reason"][0] == str(stop_id).encode()
+    assert ours[-1]["stop_reason"][0] == theirs[-1]["stop_reason"][0]

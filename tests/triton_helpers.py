@@ -66,6 +66,7 @@ OUTPUT_NAMES = (
     "num_input_tokens",
     "num_output_tokens",
     "prompt_logprobs",
+    "stop_reason",
 )
 
 
