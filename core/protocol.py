@@ -91,6 +91,8 @@ def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
                     delta.context_prompt_tokens,
                 )
                 continue
+            if not seq.token_ids:  # a quiet first delta (n > 1): the first one with tokens has the window to use
+                seq.context_ids, seq.context_prompt_tokens = delta.context_ids, delta.context_prompt_tokens
             seq.text += delta.text
             seq.token_ids.extend(delta.token_ids)
             seq.finish_reason = delta.finish_reason

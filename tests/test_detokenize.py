@@ -198,3 +198,14 @@ def test_windows_stay_small_for_real_text(cases):
     windows = TokenWindows([5, 6, 7], case.sync_ids, logprobs=False)
     longest = max(len(windows.next_window(0, [t])[0]) for t in output)
     assert longest <= 4
+
+
+def test_unsupported_decoders_keep_vllms_detokenizer():
+    """A decoder this module does not reproduce (here WordPiece) gets no sync table: the engine keeps decoding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece()
+    assert sync_token_ids(PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")) is None
