@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--ready-timeout", type=float, default=600)
     parser.add_argument(
         "--preserve-ordering",
         action="store_true",
@@ -52,11 +53,21 @@ def main(argv: list[str] | None = None) -> int:
             text += "dynamic_batching {\n  preserve_ordering: true\n}\n"
         config.write_text(text)
 
+        log = Path(tmp) / "tritonserver.log"
         server = TritonServer(
-            repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), exit_timeout_secs=10
+            repository,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            log_file=log,
+            exit_timeout_secs=10,
         )
         with server:
-            server.wait_ready(timeout=600)
+            try:
+                server.wait_ready(timeout=args.ready_timeout)
+            except (RuntimeError, TimeoutError):
+                print("".join(line for line in log.read_text().splitlines(True) if "error" in line.lower())[-3000:])
+                raise
             client = grpcclient.InferenceServerClient(server.grpc_url)
             sampling = {"temperature": 0, "max_tokens": args.max_tokens, "ignore_eos": True}
             prompts = [REFERENCE_PROMPTS[i % len(REFERENCE_PROMPTS)] for i in range(args.streams)]
