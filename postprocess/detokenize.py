@@ -44,6 +44,15 @@ def _raw(tokenizer: Any) -> Any:
     return getattr(tokenizer, "_tokenizer", None) or getattr(tokenizer, "backend_tokenizer", None)
 
 
+def uses_decode_stream(tokenizer: Any) -> bool:
+    """vLLM's own test (detokenizer.uses_fast_detokenizer): other tokenizers take its slow path, not reproduced."""
+    try:
+        from transformers import TokenizersBackend
+    except ImportError:
+        return False
+    return isinstance(tokenizer, TokenizersBackend) and _raw(tokenizer) is not None
+
+
 def _decoder_kind(config: dict[str, Any]) -> str | None:
     decoder = config.get("decoder") or {}
     kind = decoder.get("type")
@@ -60,9 +69,9 @@ def sync_token_ids(tokenizer: Any) -> frozenset[int] | None:
 
     Called once at start-up (one decode per vocabulary entry); the core then needs only set lookups.
     """
-    raw = _raw(tokenizer)
-    if raw is None or not hasattr(tokenizer, "_tokenizer"):  # vLLM's slow path: not reproduced here
+    if not uses_decode_stream(tokenizer):
         return None
+    raw = _raw(tokenizer)
     kind = _decoder_kind(json.loads(raw.to_str()))
     if kind is None:
         return None
@@ -220,7 +229,9 @@ def load_detokenizer(settings: dict[str, Any]) -> Detokenizer | None:
         return None
     from transformers import AutoTokenizer
 
-    return Detokenizer(AutoTokenizer.from_pretrained(path))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # The engine keeps decoding for other tokenizers (no sync table), so it never asks this stage to.
+    return Detokenizer(tokenizer) if uses_decode_stream(tokenizer) else None
 
 
 def detokenize(response: EngineResponse, detokenizer: Detokenizer) -> EngineResponse:
