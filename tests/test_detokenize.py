@@ -130,6 +130,10 @@ def test_deltas_equal_vllm_detokenizer(cases, name, data):
     assert ours == theirs  # delta by delta, not only joined
     assert "".join(ours) == reference.output_text
 
+    # Stateless: each delta decodes on its own, in any order (another instance, a retry, ...).
+    shuffled = _deltas(case, prompt, output, sizes, finish, None, decode)[::-1]
+    assert [detokenize(r, case.detokenizer).outputs[0].text for r in shuffled] == ours[::-1]
+
     # The plain path: the same deltas merged into one response decode to the same text.
     merged = merge_responses(_deltas(case, prompt, output, sizes, finish, None, decode))
     assert detokenize(merged, case.detokenizer).outputs[0].text == "".join(ours)
