@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 server.wait_ready(timeout=args.ready_timeout)
             except (RuntimeError, TimeoutError):
-                print("".join(line for line in log.read_text().splitlines(True) if "error" in line.lower())[-3000:])
+                kept = Path(tempfile.gettempdir()) / "order-probe-failed.log"
+                shutil.copy(log, kept)
+                print(f"the server did not start; its log: {kept}")
                 raise
             client = grpcclient.InferenceServerClient(server.grpc_url)
             sampling = {"temperature": 0, "max_tokens": args.max_tokens, "ignore_eos": True}
