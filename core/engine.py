@@ -20,6 +20,7 @@ from typing import Any
 
 from core.interface import InvalidInput, Unavailable
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
+from core.token_windows import TokenWindows, decode_options
 
 log = logging.getLogger("vllm_core")
 
@@ -41,35 +42,70 @@ def prepare_process_environment() -> None:
     install()
 
 
-def _logprobs_json(logprobs: Any) -> list[dict[str, list]] | None:
+def _logprobs_json(logprobs: Any) -> list[dict[str, list] | None] | None:
     if logprobs is None:
         return None
     return [
-        {str(token_id): [lp.logprob, lp.rank, lp.decoded_token] for token_id, lp in position.items()}
+        None
+        if position is None
+        else {str(token_id): [lp.logprob, lp.rank, lp.decoded_token] for token_id, lp in position.items()}
         for position in logprobs
     ]
 
 
-def to_engine_response(output: Any, postprocess_options: dict[str, Any], streamed: bool = False) -> EngineResponse:
-    """vLLM RequestOutput (DELTA or FINAL_ONLY kind) -> EngineResponse."""
+def _delta(seq: Any, windows: TokenWindows | None) -> SequenceDelta:
+    token_ids = list(seq.token_ids)
+    delta = SequenceDelta(
+        index=seq.index,
+        text=seq.text,
+        token_ids=token_ids,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+        cumulative_logprob=seq.cumulative_logprob,
+        logprobs=_logprobs_json(seq.logprobs),
+    )
+    if windows is not None:
+        delta.context_ids, delta.context_prompt_tokens = windows.next_window(seq.index, token_ids)
+    return delta
+
+
+def _every_sequence(response: EngineResponse, n: int, last: dict[int, SequenceDelta], logprobs: bool) -> None:
+    """One element per sequence in every streamed response, as the vLLM backend sends (vLLM's DELTA outputs carry
+    only the sequences that moved): a quiet sequence gets no text, no tokens and its last finish reason."""
+    for seq in response.outputs:
+        last[seq.index] = seq
+    if len(response.outputs) == n:
+        return
+    present = {seq.index for seq in response.outputs}
+    for index in range(n):
+        if index not in present:
+            before = last.get(index)
+            quiet = SequenceDelta(index, "", [], logprobs=[] if logprobs else None)
+            quiet.context_ids = [] if response.decode is not None else None
+            if before is not None:
+                quiet.finish_reason, quiet.stop_reason = before.finish_reason, before.stop_reason
+                quiet.cumulative_logprob = before.cumulative_logprob
+            response.outputs.append(quiet)
+    response.outputs.sort(key=lambda seq: seq.index)
+
+
+def to_engine_response(
+    output: Any,
+    postprocess_options: dict[str, Any],
+    windows: TokenWindows | None = None,
+    decode: dict[str, bool] | None = None,
+    streamed: bool = False,
+) -> EngineResponse:
+    """vLLM RequestOutput (DELTA or FINAL_ONLY kind) -> EngineResponse; with `windows`, for postprocess to decode."""
     return EngineResponse(
-        outputs=[
-            SequenceDelta(
-                index=seq.index,
-                text=seq.text,
-                token_ids=list(seq.token_ids),
-                finish_reason=seq.finish_reason,
-                stop_reason=seq.stop_reason,
-                cumulative_logprob=seq.cumulative_logprob,
-                logprobs=_logprobs_json(seq.logprobs),
-            )
-            for seq in output.outputs
-        ],
+        outputs=[_delta(seq, windows) for seq in output.outputs],
         num_input_tokens=len(output.prompt_token_ids or ()),
         finished=output.finished,
         postprocess_options=postprocess_options,
         request_id=str(output.request_id),
         streamed=streamed,
+        decode=decode if windows is not None else None,
+        prompt_logprobs=_logprobs_json(output.prompt_logprobs) or None,
     )
 
 
@@ -82,9 +118,43 @@ def _rgb_image(doc: dict[str, Any]) -> Any:
     return Image.frombytes("RGB", (int(doc["width"]), int(doc["height"])), base64.b64decode(doc["rgb"]))
 
 
+def sampling_params(request: EngineRequest, offload_detokenization: bool) -> Any:
+    """vLLM SamplingParams for a request; vLLM's own validation errors become InvalidInput."""
+    from vllm.sampling_params import (
+        RepetitionDetectionParams,
+        RequestOutputKind,
+        SamplingParams,
+        StructuredOutputsParams,
+    )
+
+    params = dict(request.sampling)
+    params.pop("lora_name", None)
+    structured = params.pop("structured_outputs", None)
+    if structured is not None:
+        params["structured_outputs"] = StructuredOutputsParams(**structured)
+    if (repetition := params.pop("repetition_detection", None)) is not None:
+        params["repetition_detection"] = RepetitionDetectionParams(**repetition)
+    kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
+    if offload_detokenization and not params.get("stop"):
+        params["detokenize"] = False  # postprocess decodes (see __init__)
+    try:
+        return SamplingParams(**params, output_kind=kind)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"sampling_parameters: {exc}") from exc
+
+
 class Engine:
-    def __init__(self, engine_args: dict[str, Any], lora_adapters: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        engine_args: dict[str, Any],
+        lora_adapters: dict[str, str] | None = None,
+        offload_detokenization: bool = True,
+    ) -> None:
         prepare_process_environment()
+        # Let postprocess turn ids into text (postprocess/detokenize.py) unless a request needs vLLM's own
+        # detokenizer in this process: stop strings (vLLM must see the text to stop generating).
+        self._offload_detokenization = offload_detokenization
+        self._sync_ids: frozenset[int] | None = None
         self._engine_args = engine_args
         self._lora_adapters = dict(lora_adapters or {})
         self._ids = itertools.count()
@@ -115,6 +185,10 @@ class Engine:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+            if self._offload_detokenization and self._llm.tokenizer is not None:
+                from postprocess.detokenize import sync_token_ids
+
+                self._sync_ids = sync_token_ids(self._llm.tokenizer)
         except BaseException as exc:  # noqa: BLE001 - handed to start() in the caller's thread
             self._start_error = exc
             self._started.set()
@@ -151,25 +225,7 @@ class Engine:
         asyncio.run_coroutine_threadsafe(self._generate(request, emit, is_cancelled), self._loop)
 
     def _sampling_params(self, request: EngineRequest) -> Any:
-        from vllm.sampling_params import (
-            RepetitionDetectionParams,
-            RequestOutputKind,
-            SamplingParams,
-            StructuredOutputsParams,
-        )
-
-        params = dict(request.sampling)
-        params.pop("lora_name", None)
-        structured = params.pop("structured_outputs", None)
-        if structured is not None:
-            params["structured_outputs"] = StructuredOutputsParams(**structured)
-        if (repetition := params.pop("repetition_detection", None)) is not None:
-            params["repetition_detection"] = RepetitionDetectionParams(**repetition)
-        kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
-        try:
-            return SamplingParams(**params, output_kind=kind)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"sampling_parameters: {exc}") from exc
+        return sampling_params(request, offload_detokenization=self._sync_ids is not None)
 
     def _lora_request(self, name: str | None) -> Any:
         if name is None:
@@ -197,9 +253,18 @@ class Engine:
             if request.images:
                 prompt["multi_modal_data"] = {"image": [_rgb_image(doc) for doc in request.images]}
             self._in_flight.add(request_id)
+            windows, decode, last = None, None, {}
             async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
                 finished = output.finished
-                emit(to_engine_response(output, request.postprocess_options, request.stream), None, finished)
+                if not sampling.detokenize and windows is None:
+                    windows = TokenWindows(output.prompt_token_ids, self._sync_ids, sampling.logprobs is not None)
+                    decode = decode_options(sampling)
+                response = to_engine_response(
+                    output, request.postprocess_options, windows, decode, streamed=request.stream
+                )
+                if sampling.n > 1:
+                    _every_sequence(response, sampling.n, last, sampling.logprobs is not None)
+                emit(response, None, finished)
                 if finished:
                     return
             if not finished:  # the stream ended without a final output (aborted)

@@ -73,6 +73,7 @@ RETURN_CUMULATIVE_LOGPROB = _bool("return_cumulative_logprob", "add cumulative_l
 RETURN_LOGPROBS = _bool("return_logprobs", "add logprobs")
 RETURN_NUM_INPUT_TOKENS = _bool("return_num_input_tokens", "add num_input_tokens")
 RETURN_NUM_OUTPUT_TOKENS = _bool("return_num_output_tokens", "add num_output_tokens")
+RETURN_STOP_REASON = _bool("return_stop_reason", "add stop_reason (ours)")
 
 RETURN_FLAGS = (
     RETURN_FINISH_REASON,
@@ -80,6 +81,7 @@ RETURN_FLAGS = (
     RETURN_LOGPROBS,
     RETURN_NUM_INPUT_TOKENS,
     RETURN_NUM_OUTPUT_TOKENS,
+    RETURN_STOP_REASON,
 )
 
 # Public outputs, with the vLLM backend's names, types and shapes (one element per sequence when n > 1).
@@ -93,6 +95,10 @@ NUM_OUTPUT_TOKENS = TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,))
 # The OpenAI-style postprocess's one output: a `chat.completion` (whole answer) or `chat.completion.chunk`
 # (one streamed delta) JSON document.
 CHAT_COMPLETION = TensorSpec("chat_completion", "TYPE_STRING", (1,), doc="OpenAI chat.completion(.chunk) JSON")
+# Ours: vLLM's stop reason per sequence: the stop string, the stop token id, or "None" (EOS, length, unfinished).
+STOP_REASON = TensorSpec("stop_reason", "TYPE_STRING", (-1,))
+# Ours: prompt logprobs (sampling parameter `prompt_logprobs`), in the `logprobs` JSON style, first entry null.
+PROMPT_LOGPROBS = TensorSpec("prompt_logprobs", "TYPE_STRING", (1,))
 
 VLLM_BACKEND_OUTPUTS = (TEXT_OUTPUT, FINISH_REASON, CUMULATIVE_LOGPROB, LOGPROBS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS)
 

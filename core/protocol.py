@@ -44,6 +44,10 @@ class SequenceDelta:
     cumulative_logprob: float | None = None
     # One entry per new token: {token_id: [logprob, rank, decoded_token]}; None when logprobs were not asked.
     logprobs: list[dict[str, list]] | None = None
+    # When the engine did not detokenize (EngineResponse.decode is set): the ids before `token_ids` that
+    # postprocess/detokenize.py needs to decode them, the first `context_prompt_tokens` of them from the prompt.
+    context_ids: list[int] | None = None
+    context_prompt_tokens: int = 0
 
 
 @dataclass
@@ -57,6 +61,12 @@ class EngineResponse:
     # both to tell a `chat.completion.chunk` of a stream from a `chat.completion`.
     request_id: str = ""
     streamed: bool = False
+    # Set when `text` and logprobs' decoded tokens are still to be made from the ids (postprocess/detokenize.py):
+    # those of vLLM's skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output that differ
+    # from vLLM's defaults (usually {}). None: the engine detokenized.
+    decode: dict[str, bool] | None = None
+    # Per prompt position (the first is null), as `logprobs`; in the first response only, when asked.
+    prompt_logprobs: list[dict[str, list] | None] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -85,8 +95,12 @@ def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
                     delta.stop_reason,
                     delta.cumulative_logprob,
                     list(delta.logprobs) if delta.logprobs is not None else None,
+                    delta.context_ids,
+                    delta.context_prompt_tokens,
                 )
                 continue
+            if not seq.token_ids:  # a quiet first delta (n > 1): the first one with tokens has the window to use
+                seq.context_ids, seq.context_prompt_tokens = delta.context_ids, delta.context_prompt_tokens
             seq.text += delta.text
             seq.token_ids.extend(delta.token_ids)
             seq.finish_reason = delta.finish_reason
@@ -102,4 +116,6 @@ def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
         postprocess_options=last.postprocess_options,
         request_id=last.request_id,
         streamed=False,
+        decode=last.decode,
+        prompt_logprobs=next((r.prompt_logprobs for r in responses if r.prompt_logprobs is not None), None),
     )

@@ -17,14 +17,12 @@ from typing import Any
 import numpy as np
 
 from core import interface as tensors
-from core.interface import InvalidInput
 from core.protocol import EngineResponse, SequenceDelta
-from core.stage import Stage, scalar
+from postprocess.base import EnginePostprocessor
 
 
 def sequence_text(seq: SequenceDelta) -> str:
-    """The new text of one sequence. The one place this stage reads text: a shared detokenizing step can
-    replace it (or fill `seq.text`) without touching the document layout below."""
+    """The new text of one sequence (decoded by EnginePostprocessor.engine_response)."""
     return seq.text
 
 
@@ -47,8 +45,7 @@ def _logprobs(seq: SequenceDelta) -> dict[str, Any] | None:
     return {"content": content}
 
 
-class OpenAIPostprocessor(Stage):
-    inputs = (tensors.ENGINE_RESPONSE,)
+class OpenAIPostprocessor(EnginePostprocessor):
     outputs = (tensors.CHAT_COMPLETION,)
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
@@ -57,10 +54,7 @@ class OpenAIPostprocessor(Stage):
         self.model_name = str(settings.get("model_name", ""))
 
     def process(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        raw = scalar(inputs, tensors.ENGINE_RESPONSE.name)
-        if raw is None:
-            raise InvalidInput(f"{tensors.ENGINE_RESPONSE.name} is missing")
-        document = self.document(EngineResponse.from_json(raw), created=int(time.time()))
+        document = self.document(self.engine_response(inputs), created=int(time.time()))
         text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         return {tensors.CHAT_COMPLETION.name: np.array([text.encode("utf-8")], dtype=np.object_)}
 

@@ -14,32 +14,32 @@ from typing import Any
 import numpy as np
 
 from core import interface as tensors
-from core.interface import InvalidInput
-from core.protocol import EngineResponse, SequenceDelta
-from core.stage import Stage, scalar
+from core.protocol import SequenceDelta
+from postprocess.base import EnginePostprocessor
+
+
+def _position(position: dict[str, list] | None) -> dict[str, dict] | None:
+    if position is None:
+        return None
+    return {tid: {"logprob": lp, "rank": rank, "decoded_token": text} for tid, (lp, rank, text) in position.items()}
+
+
+def _positions_json(positions: list[dict[str, list] | None]) -> str:
+    return json.dumps([_position(p) for p in positions])
 
 
 def logprobs_json(seq: SequenceDelta) -> str:
     """The vLLM backend's logprobs element: a JSON list, per new token, of {token_id: {logprob, rank, ...}}."""
     if seq.logprobs is None:
         return "null"
-    return json.dumps(
-        [
-            {tid: {"logprob": lp, "rank": rank, "decoded_token": text} for tid, (lp, rank, text) in position.items()}
-            for position in seq.logprobs
-        ]
-    )
+    return _positions_json(seq.logprobs)
 
 
-class VllmBackendPostprocessor(Stage):
-    inputs = (tensors.ENGINE_RESPONSE,)
-    outputs = tensors.VLLM_BACKEND_OUTPUTS
+class VllmBackendPostprocessor(EnginePostprocessor):
+    outputs = (*tensors.VLLM_BACKEND_OUTPUTS, tensors.STOP_REASON, tensors.PROMPT_LOGPROBS)
 
     def process(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        raw = scalar(inputs, tensors.ENGINE_RESPONSE.name)
-        if raw is None:
-            raise InvalidInput(f"{tensors.ENGINE_RESPONSE.name} is missing")
-        response = EngineResponse.from_json(raw)
+        response = self.engine_response(inputs)
         options = response.postprocess_options
         wanted = set(options.get("return", ()))
         prefix = options.get("prompt_prefix", "")
@@ -61,4 +61,8 @@ class VllmBackendPostprocessor(Stage):
             out["num_input_tokens"] = np.array([response.num_input_tokens], dtype=np.uint32)
         if "return_num_output_tokens" in wanted:
             out["num_output_tokens"] = np.array([len(s.token_ids) for s in seqs], dtype=np.uint32)
+        if "return_stop_reason" in wanted:
+            out["stop_reason"] = np.array([str(s.stop_reason).encode("utf-8") for s in seqs], dtype=np.object_)
+        if response.prompt_logprobs is not None:  # only the response that carries them (the first one)
+            out["prompt_logprobs"] = np.array([_positions_json(response.prompt_logprobs).encode("utf-8")], np.object_)
         return out

@@ -167,11 +167,12 @@ def test_any_json_is_accepted_typed_or_rejected_with_a_message(doc, parameters):
 def _vllm_accepts(checked: dict) -> None:
     """What preprocess accepts, vLLM's SamplingParams accepts too, built exactly as the core builds it (only
     model-dependent checks, such as vocabulary ranges or max_logprobs, are left to the engine)."""
-    from core.engine import Engine
+    from core.engine import sampling_params
     from core.protocol import EngineRequest
 
     request = EngineRequest.from_json(EngineRequest(sampling=checked).to_json())  # as it travels
-    Engine._sampling_params(None, request)  # type: ignore[arg-type]  # uses no engine state
+    for offload in (False, True):
+        sampling_params(request, offload_detokenization=offload)
 
 
 structured = st.fixed_dictionaries(

@@ -125,3 +125,19 @@ def test_merge_joins_deltas_per_sequence():
     assert EngineResponse.from_json(merged.to_json()) == merged
     with pytest.raises(ValueError):
         merge_responses([])
+
+
+def test_merge_takes_the_window_of_the_first_delta_with_tokens():
+    quiet = SequenceDelta(1, "", [], context_ids=[])
+    first = SequenceDelta(1, "", [7, 8], context_ids=[5, 6], context_prompt_tokens=2)
+    later = SequenceDelta(1, "", [9], context_ids=[8], context_prompt_tokens=0)
+    merged = merge_responses(
+        [
+            EngineResponse([quiet], 2, False, {}, decode={}),
+            EngineResponse([first], 2, False, {}, decode={}),
+            EngineResponse([later], 2, True, {}, decode={}),
+        ]
+    )
+    seq = merged.outputs[0]
+    assert (seq.token_ids, seq.context_ids, seq.context_prompt_tokens) == ([7, 8, 9], [5, 6], 2)
+    assert merged.decode == {}

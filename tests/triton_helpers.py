@@ -65,6 +65,8 @@ OUTPUT_NAMES = (
     "logprobs",
     "num_input_tokens",
     "num_output_tokens",
+    "prompt_logprobs",
+    "stop_reason",
 )
 
 

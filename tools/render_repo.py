@@ -567,7 +567,12 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         **_preprocess_options(deployment, out),
         **deployment.preprocess.settings,
     }
-    post_settings = {"model_name": names.plain, **deployment.postprocess.settings}
+    # tokenizer: the engine's; postprocess turns the engine's token ids into text (postprocess/detokenize.py)
+    post_settings = {
+        "model_name": names.plain,
+        "tokenizer": engine_args.get("tokenizer", model),
+        **deployment.postprocess.settings,
+    }
 
     files: dict[str, str] = {}
     files[f"{names.preprocess}/config.pbtxt"] = _python_model(

@@ -1,0 +1,241 @@
+"""Measure where detokenization costs CPU: the engine process with and without vLLM's own detokenizer, and the
+postprocess stage per streamed response. Same workload both ways, in one run, alternating rounds.
+
+    python tools/measure_detokenization.py [--requests 32] [--max-tokens 128] [--rounds 2] [--logprobs 0]
+    python tools/measure_detokenization.py --micro      # per-token costs, single thread, no engine
+
+The engine runs as in the vllm_core model (core/engine.py, the repository's model.json), without Triton: each
+engine response is serialized to JSON as the core adapter does. "engine process" is this process (AsyncLLM's
+output processing, where vLLM detokenizes, plus the core's own work); the EngineCore child (the model) is
+reported apart. Postprocess CPU is the thread CPU time of `VllmBackendPostprocessor.process` per streamed
+response, replayed on the offloaded round's responses (all return_* outputs on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PROMPTS = [
+    "The quick brown fox",
+    "Grüße aus München und",
+    "你好，世界！今天",
+    "def handle(request):",
+    "Once upon a time, a small robot",
+    "Emoji also appear in chats: 😀",
+]
+RETURN_ALL = [
+    "return_finish_reason",
+    "return_cumulative_logprob",
+    "return_logprobs",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+]
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's live children (the EngineCore process)."""
+    total, me, tick = 0.0, str(os.getpid()), os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[1] == me:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, float, list[str], int]:
+    from core.protocol import EngineRequest
+
+    engine._sync_ids = sync_ids if offload else None  # the engine's switch (None: vLLM detokenizes)
+    done = threading.Semaphore(0)
+    responses: list[str] = []
+    tokens = [0]
+    lock = threading.Lock()
+
+    def emit_for():
+        def emit(response, error, final):
+            if error is not None:
+                raise error
+            text = response.to_json()  # what the core adapter sends to postprocess
+            with lock:
+                responses.append(text)
+                tokens[0] += sum(len(s.token_ids) for s in response.outputs)
+            if final:
+                done.release()
+
+        return emit
+
+    cpu0, child0, wall0 = time.process_time(), _children_cpu(), time.monotonic()
+    for request in requests:
+        engine.submit(EngineRequest.from_json(request.to_json()), emit_for(), lambda: False)
+    for _ in requests:
+        done.acquire()
+    wall = time.monotonic() - wall0
+    return time.process_time() - cpu0, _children_cpu() - child0, wall, responses, tokens[0]
+
+
+def micro(tokenizer_path: str, repeat: int = 20) -> None:
+    """Per-token CPU of what moves: vLLM's incremental text decoding vs the core's windows and larger JSON."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+    from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+
+    from core.protocol import EngineResponse, SequenceDelta
+    from core.token_windows import TokenWindows
+    from postprocess.detokenize import sync_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    output = tokenizer.encode("Grüße aus München, 你好世界! The quick brown fox jumps. " * 40)[:512]
+    prompt = tokenizer.encode(PROMPTS[4])
+    sync_ids = sync_token_ids(tokenizer)
+    params = SimpleNamespace(
+        stop=None, min_tokens=0, include_stop_str_in_output=False, skip_special_tokens=True,
+        spaces_between_special_tokens=True,
+    )  # fmt: skip
+
+    def vllm_decode() -> None:
+        request = SimpleNamespace(request_id="m", prompt_token_ids=prompt, sampling_params=params)
+        detokenizer = FastIncrementalDetokenizer(tokenizer, request)
+        for token_id in output:
+            detokenizer.update([token_id], False)
+            detokenizer.get_next_output_text(False, True)
+
+    def windows() -> None:
+        w = TokenWindows(prompt, sync_ids, logprobs=False)
+        for token_id in output:
+            w.next_window(0, [token_id])
+
+    def responses(offload: bool) -> None:
+        for token_id in output:
+            delta = SequenceDelta(0, "", [token_id], context_ids=[token_id] if offload else None)
+            EngineResponse(
+                [delta], len(prompt), False, {"prompt_prefix": "", "return": []}, decode={} if offload else None
+            ).to_json()
+
+    for name, run in [
+        ("vLLM incremental text decoding (what leaves the engine)", vllm_decode),
+        ("core: token windows (what the engine does instead)", windows),
+        ("core: engine response JSON, vLLM decodes", lambda: responses(False)),
+        ("core: engine response JSON, postprocess decodes", lambda: responses(True)),
+    ]:
+        run()
+        start = time.thread_time()
+        for _ in range(repeat):
+            run()
+        print(f"{name}: {1e6 * (time.thread_time() - start) / repeat / len(output):.2f} us per token")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-json", type=Path, default=ROOT / "model_repository" / "vllm_core" / "1" / "model.json")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--logprobs", type=int, default=0, help="sampling logprobs (0: not asked)")
+    parser.add_argument("--micro", action="store_true", help="per-token microbenchmarks only")
+    args = parser.parse_args(argv)
+    if args.micro:
+        from core.engine_config import load_engine_args
+
+        engine_args = load_engine_args(args.model_json)
+        micro(engine_args.get("tokenizer", engine_args["model"]))
+        return 0
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from transformers import AutoTokenizer
+
+    from core.engine import Engine
+    from core.engine_config import load_engine_args
+    from core.protocol import EngineRequest
+    from postprocess.vllm_backend import VllmBackendPostprocessor
+
+    engine_args = load_engine_args(args.model_json)
+    tokenizer_path = engine_args.get("tokenizer", engine_args["model"])
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    sampling = {"temperature": 0, "max_tokens": args.max_tokens, "ignore_eos": True}
+    if args.logprobs:
+        sampling["logprobs"] = args.logprobs
+    requests = [
+        EngineRequest(
+            sampling=sampling,
+            prompt_token_ids=tokenizer.encode(PROMPTS[i % len(PROMPTS)]),
+            stream=True,
+            postprocess_options={"prompt_prefix": "", "return": RETURN_ALL},
+        )
+        for i in range(args.requests)
+    ]
+
+    engine = Engine(engine_args)
+    engine.start()
+    try:
+        sync_ids = engine._sync_ids
+        assert sync_ids is not None, "this tokenizer has no sync table: the engine always detokenizes"
+        _round(engine, requests[:4], True, sync_ids)  # warm-up (and the logprobs op compile)
+        _round(engine, requests[:4], False, sync_ids)
+        totals = {True: [0.0, 0.0, 0.0, 0], False: [0.0, 0.0, 0.0, 0]}
+        offloaded: list[str] = []
+        texts: dict[bool, list[str]] = {}
+        for r in range(args.rounds):
+            for offload in (True, False) if r % 2 == 0 else (False, True):
+                cpu, child, wall, responses, tokens = _round(engine, requests, offload, sync_ids)
+                t = totals[offload]
+                t[0], t[1], t[2], t[3] = t[0] + cpu, t[1] + child, t[2] + wall, t[3] + tokens
+                label = "postprocess decodes" if offload else "vLLM decodes     "
+                print(
+                    f"round {r} {label}: engine process {cpu:6.2f} s CPU, EngineCore {child:6.2f} s,"
+                    f" wall {wall:5.2f} s, {tokens} tokens, {len(responses)} responses"
+                )
+                if offload:
+                    offloaded = responses
+                texts[offload] = responses
+    finally:
+        engine.shutdown()
+
+    on, off = totals[True], totals[False]
+    print(
+        f"\nengine process CPU per 1000 tokens: vLLM decodes {1000 * off[0] / off[3]:.3f} s,"
+        f" postprocess decodes {1000 * on[0] / on[3]:.3f} s -> saved {100 * (1 - on[0] / off[0]):.1f}%"
+        f" of the engine process's CPU"
+    )
+    print(
+        f"EngineCore (model) CPU per 1000 tokens: {1000 * off[1] / off[3]:.3f} s vs {1000 * on[1] / on[3]:.3f} s;"
+        f" engine process + EngineCore saved {100 * (1 - (on[0] + on[1]) / (off[0] + off[1])):.1f}%"
+    )
+
+    stage = VllmBackendPostprocessor({"tokenizer": tokenizer_path})
+    import numpy as np
+
+    samples = []
+    for raw in offloaded:
+        tensor = np.array([raw.encode("utf-8")], dtype=np.object_)
+        start = time.thread_time_ns()
+        stage.process({"engine_response": tensor}, {})
+        samples.append((time.thread_time_ns() - start) / 1000)
+    samples.sort()
+    p50 = statistics.median(samples)
+    p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+    print(
+        f"postprocess CPU per streamed response ({len(samples)} responses): p50 {p50:.0f} us, p99 {p99:.0f} us,"
+        f" mean {statistics.fmean(samples):.0f} us"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
