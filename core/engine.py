@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from core.interface import InvalidInput, Unavailable
@@ -67,6 +68,29 @@ def to_engine_response(output: Any, postprocess_options: dict[str, Any]) -> Engi
     )
 
 
+class _FinalOnce:
+    """Wraps an Emit: remembers whether the final call happened, and drops anything after it."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self.done = False
+
+    def __call__(self, response: EngineResponse | None, error: Exception | None, final: bool) -> None:
+        if self.done:
+            return
+        self.done = final or error is not None
+        self._emit(response, error, final)
+
+
+@dataclass
+class _Live:
+    is_cancelled: Callable[[], bool]
+    emit: _FinalOnce
+    key: str = ""
+    task: asyncio.Task | None = None
+    cancel_requested: bool = False
+
+
 class Engine:
     def __init__(self, engine_args: dict[str, Any], lora_adapters: dict[str, str] | None = None) -> None:
         prepare_process_environment()
@@ -74,6 +98,12 @@ class Engine:
         self._lora_adapters = dict(lora_adapters or {})
         self._ids = itertools.count()
         self._in_flight: set[str] = set()
+        # request id -> its probe, emitter and task; the cancel watcher polls the probes.
+        self._live: dict[str, _Live] = {}
+        self._keys: dict[str, str] = {}  # caller's cancel key -> request id
+        self._live_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_cancellations, name="vllm-cancel-watch", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._llm: Any = None
         self._started = threading.Event()
@@ -105,12 +135,14 @@ class Engine:
             self._started.set()
             return
         self._started.set()
+        self._watcher.start()
         await self._stop.wait()
         if self._in_flight:
             await self._llm.abort(list(self._in_flight))
         self._llm.shutdown()
 
     def shutdown(self) -> None:
+        self._closing.set()
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout=30)
@@ -128,12 +160,77 @@ class Engine:
 
     # Requests ----------------------------------------------------------------------------------------------
 
-    def submit(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool]) -> None:
-        """Start generating; thread-safe, returns at once."""
-        if self._loop is None or self._llm is None:
+    def submit(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool], key: str = "") -> str | None:
+        """Start generating; thread-safe, returns the request id at once (None if refused).
+
+        `is_cancelled` is polled every CANCEL_POLL_SECONDS from a watcher thread (never from the engine loop:
+        on Triton it is an IPC round trip); when it turns true, or `cancel(id)` is called, the request is
+        aborted in vLLM and gets a final Unavailable error. A non-empty `key` lets `cancel_key(key)` abort it.
+        """
+        if self._loop is None or self._llm is None or self.errored:
             emit(None, Unavailable("the vLLM engine is not running"), True)
+            return None
+        request_id = f"triton-{next(self._ids)}"
+        with self._live_lock:
+            self._live[request_id] = _Live(is_cancelled, _FinalOnce(emit), key)
+            if key:
+                self._keys[key] = request_id
+        self._loop.call_soon_threadsafe(self._start_task, request_id, request)
+        return request_id
+
+    def _start_task(self, request_id: str, request: EngineRequest) -> None:
+        with self._live_lock:
+            live = self._live.get(request_id)
+        if live is None:
             return
-        asyncio.run_coroutine_threadsafe(self._generate(request, emit, is_cancelled), self._loop)
+        live.task = asyncio.ensure_future(self._generate(request_id, request, live.emit))
+        if live.cancel_requested:
+            live.task.cancel()
+        live.task.add_done_callback(lambda _: self._finish(request_id))
+
+    def _finish(self, request_id: str) -> None:
+        with self._live_lock:
+            live = self._live.pop(request_id, None)
+            if live is not None and live.key:
+                self._keys.pop(live.key, None)
+        if live is not None and not live.emit.done:  # cancelled before its first step: still owes a final
+            live.emit(None, Unavailable("the request was cancelled"), True)
+
+    def cancel(self, request_id: str) -> None:
+        """Abort one request (thread-safe): its task is cancelled, which aborts it in vLLM."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._cancel_on_loop, request_id)
+
+    def cancel_key(self, key: str) -> bool:
+        """Abort the request submitted with this key (thread-safe); False if none is running."""
+        with self._live_lock:
+            request_id = self._keys.get(key)
+        if request_id is None:
+            return False
+        self.cancel(request_id)
+        return True
+
+    def _cancel_on_loop(self, request_id: str) -> None:
+        with self._live_lock:
+            live = self._live.get(request_id)
+        if live is None:
+            return
+        live.cancel_requested = True
+        if live.task is not None:
+            live.task.cancel()
+
+    def _watch_cancellations(self) -> None:
+        while not self._closing.wait(CANCEL_POLL_SECONDS):
+            with self._live_lock:
+                live = [(rid, item) for rid, item in self._live.items() if not item.cancel_requested]
+            for request_id, item in live:
+                try:
+                    cancelled = item.is_cancelled()
+                except Exception:  # noqa: BLE001 - a probe that fails means the request is gone
+                    cancelled = True
+                if cancelled:
+                    log.info("request %s: cancelled by the client", request_id)
+                    self.cancel(request_id)
 
     def _sampling_params(self, request: EngineRequest) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -160,8 +257,7 @@ class Engine:
         lora_id = sorted(self._lora_adapters).index(name) + 1
         return LoRARequest(name, lora_id, self._lora_adapters[name])
 
-    async def _generate(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool]) -> None:
-        request_id = f"triton-{next(self._ids)}"
+    async def _generate(self, request_id: str, request: EngineRequest, emit: Emit) -> None:
         finished = False
         try:
             sampling = self._sampling_params(request)

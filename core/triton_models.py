@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 import traceback
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +29,11 @@ from core.stage import load_stage_class
 STAGE_FILE = "stage.json"
 LORA_FILE = "multi_lora.json"
 STAGE_PATH_KEYS = ("tokenizer", "chat_template_file")
+ENTRY_STAGES_FILE = "stages.json"
+# Request parameters between an entry model and the core (DESIGN.md rule 5: on Triton 2.51 a client's cancel
+# does not reach a BLS child, so the entry model, which does see it, aborts its core request by key).
+CANCEL_KEY_PARAMETER = "cancel_key"
+ABORT_PARAMETER = "abort"
 
 
 def _model_dir(args: dict[str, Any]) -> Path:
@@ -117,13 +123,19 @@ class CoreModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            parameters = _request_parameters(request)
+            if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by key
+                self.engine.cancel_key(str(parameters[ABORT_PARAMETER]))
+                self._outbox.put((sender, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+                continue
             try:
                 tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
                 engine_request = EngineRequest.from_json(tensor.as_numpy().reshape(-1)[0])
             except Exception as exc:  # noqa: BLE001
                 self._reply_error(sender, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"))
                 continue
-            self.engine.submit(engine_request, self._emitter(sender), sender.is_cancelled)
+            key = str(parameters.get(CANCEL_KEY_PARAMETER, ""))
+            self.engine.submit(engine_request, self._emitter(sender), sender.is_cancelled, key=key)
         return None
 
     def _reply_error(self, sender: Any, exc: BaseException) -> None:
@@ -231,3 +243,140 @@ class GenerateModel:
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self._graveyard.clear()
+
+
+class EntryModel(GenerateModel):
+    """A public entry that is not an ensemble: preprocess and postprocess stages run in-process, the core by BLS.
+
+    Why (DESIGN.md rule 5, measured on Triton 2.51): a client's cancel (gRPC stream cancel, SSE disconnect,
+    plain-request timeout) reaches only the top-level model of its request. Inside an ensemble no step sees
+    it (`is_cancelled()` stays false, `send` keeps succeeding), and a BLS iterator has no `cancel()`. This
+    model is the top level, so a watcher thread polls each request's `is_cancelled()` and aborts its core
+    request with a control request carrying the request's cancel key. `stream` ("true"/"false") makes it the
+    decoupled streaming entry (one response per delta) or the plain one (one merged response).
+    """
+
+    CANCEL_POLL_SECONDS = 0.25
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        super().initialize(args)
+        model_config = json.loads(args["model_config"])
+        self.streaming = _config_parameter(model_config, "stream", "false") == "true"
+        spec = json.loads((_model_dir(args) / ENTRY_STAGES_FILE).read_text())
+        repository_root = Path(args["model_repository"]).parent
+        self.stages = {}
+        for role in ("preprocess", "postprocess"):
+            stage_class = load_stage_class(spec[role]["class"])
+            stage = stage_class(resolve_paths(spec[role].get("settings", {}), repository_root, STAGE_PATH_KEYS))
+            self.stages[role] = (
+                stage,
+                [t.name for t in stage_class.inputs],
+                {t.name: t.numpy_dtype for t in stage_class.outputs},
+            )
+        self._live: dict[str, Any] = {}  # cancel key -> response sender, for the watcher
+        self._live_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="entry-cancel-watch", daemon=True)
+        self._watcher.start()
+
+    def _run_stage(self, role: str, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
+        stage, _, output_types = self.stages[role]
+        outputs = stage.process(inputs, parameters)
+        return [pb_utils.Tensor(name, np.asarray(value, dtype=output_types[name])) for name, value in outputs.items()]
+
+    def _serve(self, request: Any, sender: Any) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            self._entry(request, sender)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the model down
+            if not isinstance(exc, (InvalidInput, Unavailable)):
+                self.logger.log_error(f"entry failed: {traceback.format_exc()}")
+            sender.send(pb_utils.InferenceResponse(error=_triton_error(exc)), flags=final)
+
+    def _entry(self, request: Any, sender: Any) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        _, input_names, _ = self.stages["preprocess"]
+        inputs = {}
+        for name in input_names:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        (engine_request,) = self._run_stage("preprocess", inputs, _request_parameters(request))
+        key = f"{uuid.uuid4().hex}"
+        child = pb_utils.InferenceRequest(
+            model_name=self.core_model,
+            inputs=[engine_request],
+            requested_output_names=[ENGINE_RESPONSE.name],
+            parameters={CANCEL_KEY_PARAMETER: key},
+        )
+        with self._live_lock:
+            self._live[key] = sender
+        try:
+            iterator = child.exec(decoupled=True)
+            deltas: list[EngineResponse] = []
+            error = None
+            sent_final = False
+            for child_response in iterator:
+                if child_response.has_error():
+                    error = child_response.error()
+                    continue
+                tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
+                if tensor is None:
+                    continue
+                delta = EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0])
+                if self.streaming:
+                    outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: tensor.as_numpy()}, {})
+                    sent_final = delta.finished
+                    sender.send(
+                        pb_utils.InferenceResponse(output_tensors=outputs), flags=final if delta.finished else 0
+                    )
+                else:
+                    deltas.append(delta)
+        finally:
+            with self._live_lock:
+                self._live.pop(key, None)
+        self._release(iterator, sender)
+        if error is not None:
+            if not sent_final:
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code())), flags=final
+                )
+            return
+        if self.streaming:
+            if not sent_final:
+                sender.send(flags=final)
+            return
+        if not deltas:
+            raise Unavailable(f"{self.core_model} returned no response")
+        merged = np.array([merge_responses(deltas).to_json().encode("utf-8")], dtype=np.object_)
+        outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: merged}, {})
+        sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=final)
+
+    def _watch(self) -> None:
+        while not self._closing.wait(self.CANCEL_POLL_SECONDS):
+            with self._live_lock:
+                live = list(self._live.items())
+            for key, sender in live:
+                if sender.is_cancelled():
+                    with self._live_lock:
+                        self._live.pop(key, None)  # abort once
+                    self._abort(key, sender)
+
+    def _abort(self, key: str, sender: Any) -> None:
+        control = pb_utils.InferenceRequest(
+            model_name=self.core_model,
+            inputs=[_string_tensor(ENGINE_REQUEST.name, "{}")],
+            requested_output_names=[ENGINE_RESPONSE.name],
+            parameters={ABORT_PARAMETER: key},
+        )
+        try:
+            iterator = control.exec(decoupled=True)
+            for _ in iterator:
+                pass
+            self._release(iterator, sender)  # the sender is cancelled: the iterator is parked (see _release)
+        except Exception:  # noqa: BLE001 - the core is gone: nothing left to abort
+            self.logger.log_warn(f"entry: aborting {key} failed: {traceback.format_exc()}")
+
+    def finalize(self) -> None:
+        self._closing.set()
+        super().finalize()

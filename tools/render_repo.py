@@ -33,6 +33,9 @@ DEFAULT_OUT = ROOT / "model_repository"
 HEADER = "# Rendered by tools/render_repo.py from a deployment config. Do not edit: change the config and re-render.\n"
 
 
+ENTRY_KINDS = ("ensemble", "bls")
+
+
 class ConfigError(ValueError):
     """A deployment config that cannot be rendered; the message names the key path and the fix."""
 
@@ -74,6 +77,10 @@ class Deployment:
     )
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     lora_adapters: dict[str, str] = field(default_factory=dict)
+    # "ensemble": the public names are ensembles (pre -> core/generate -> post). "bls": they are Python entry
+    # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
+    # the engine request on Triton 2.51 (an ensemble step never sees it; DESIGN.md rule 5).
+    entry: str = "ensemble"
     base_dir: Path = field(default=ROOT, repr=False)  # the config file's folder: relative paths start there
 
 
@@ -135,6 +142,8 @@ def check_deployment(deployment: Deployment) -> None:
             "postprocess.instances: must be 1; with more, Triton may deliver a stream's deltas out of order"
             " (each delta is a separate postprocess execution)"
         )
+    if deployment.entry not in ENTRY_KINDS:
+        raise ConfigError(f"entry: must be one of {', '.join(ENTRY_KINDS)}, got {deployment.entry!r}")
     names = [getattr(deployment.names, f.name) for f in fields(Names)]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -318,6 +327,29 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         parameters={"core_model": names.core, "max_in_flight": str(deployment.generate.max_in_flight)},
     )
     files[f"{names.generate}/1/model.py"] = _model_py("GenerateModel", "generate (BLS over the core, one response)")
+
+    if deployment.entry == "bls":
+        stages = {
+            "preprocess": {"class": deployment.preprocess.cls, "settings": pre_settings},
+            "postprocess": {"class": deployment.postprocess.cls, "settings": deployment.postprocess.settings},
+        }
+        for entry, stream in ((names.plain, False), (names.streaming, True)):
+            files[f"{entry}/config.pbtxt"] = _python_model(
+                entry,
+                pre_cls.inputs,
+                post_cls.outputs,
+                deployment.generate.instances,
+                "KIND_CPU",
+                decoupled=stream,
+                parameters={
+                    "core_model": names.core,
+                    "max_in_flight": str(deployment.generate.max_in_flight),
+                    "stream": "true" if stream else "false",
+                },
+            )
+            files[f"{entry}/1/model.py"] = _model_py("EntryModel", "a public entry (stages in-process, core by BLS)")
+            files[f"{entry}/1/stages.json"] = _json(stages)
+        return dict(sorted(files.items()))
 
     request, response = "_" + tensors.ENGINE_REQUEST.name, "_" + tensors.ENGINE_RESPONSE.name
     public_in = {t.name: t.name for t in pre_cls.inputs}
