@@ -92,8 +92,14 @@ class _Live:
 
 
 class Engine:
-    def __init__(self, engine_args: dict[str, Any], lora_adapters: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        engine_args: dict[str, Any],
+        lora_adapters: dict[str, str] | None = None,
+        stat_loggers: list[Any] | None = None,
+    ) -> None:
         prepare_process_environment()
+        self._stat_loggers = stat_loggers
         self._engine_args = engine_args
         self._lora_adapters = dict(lora_adapters or {})
         self._ids = itertools.count()
@@ -129,7 +135,7 @@ class Engine:
 
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
         except BaseException as exc:  # noqa: BLE001 - handed to start() in the caller's thread
             self._start_error = exc
             self._started.set()

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from core.engine import Engine
+from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
+from core.metrics import COUNTERS, GAUGES, HISTOGRAMS, StatsBuffer, stat_logger_factory
 from core.protocol import EngineRequest, EngineResponse, merge_responses
 from core.stage import load_stage_class
 
@@ -97,6 +98,53 @@ class StageModel:
             return pb_utils.InferenceResponse(error=_triton_error(exc))
 
 
+class TritonMetrics:
+    """Publishes vLLM's stats as Triton custom metrics from ONE thread (see core/metrics.py for why)."""
+
+    PUBLISH_SECONDS = 0.2
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.buffer = StatsBuffer()
+        kinds = pb_utils.MetricFamily
+        self._counters = {
+            key: kinds(name=name, description=doc, kind=kinds.COUNTER).Metric(labels=labels)
+            for key, (name, doc) in COUNTERS.items()
+        }
+        self._gauges = {
+            key: kinds(name=name, description=doc, kind=kinds.GAUGE).Metric(labels=labels)
+            for key, (name, doc) in GAUGES.items()
+        }
+        self._histograms = {
+            key: kinds(name=name, description=doc, kind=kinds.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+            for key, (name, doc, buckets) in HISTOGRAMS.items()
+        }
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vllm-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.buffer.changed.wait(self.PUBLISH_SECONDS)
+            delta = self.buffer.drain()
+            if delta.empty():
+                continue
+            for key, value in delta.counters.items():
+                if value:
+                    self._counters[key].increment(value)
+            for key, value in (delta.gauges or {}).items():
+                self._gauges[key].set(value)
+            for key, values in delta.samples.items():
+                for value in values:
+                    self._histograms[key].observe(value)
+            time.sleep(self.PUBLISH_SECONDS)  # batch the next engine steps into one publish
+
+
 class CoreModel:
     """Decoupled: owns the vLLM engine; one response per engine output (one in all when not streaming)."""
 
@@ -105,8 +153,19 @@ class CoreModel:
         model_dir = _model_dir(args)
         lora_file = model_dir / LORA_FILE
         loras = json.loads(lora_file.read_text()) if lora_file.exists() else {}
-        self.engine = Engine(load_engine_args(model_dir / ENGINE_ARGS_FILE), lora_adapters=loras)
+        model_config = json.loads(args["model_config"])
+        prepare_process_environment()  # before anything imports vLLM
+        self._metrics: TritonMetrics | None = None
+        stat_loggers = None
+        if _config_parameter(model_config, "metrics_enabled", "false") == "true":
+            self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
+            stat_loggers = [stat_logger_factory(self._metrics.buffer)]
+        self.engine = Engine(
+            load_engine_args(model_dir / ENGINE_ARGS_FILE), lora_adapters=loras, stat_loggers=stat_loggers
+        )
         self.engine.start()
+        if self._metrics is not None:
+            self._metrics.start()
         # Responses are sent from this thread, so the engine's event loop never waits on Triton IPC.
         self._outbox: queue.SimpleQueue[tuple[Any, Any, int] | None] = queue.SimpleQueue()
         self._sender_thread = threading.Thread(target=self._send_loop, name="vllm-core-sender", daemon=True)
@@ -156,6 +215,8 @@ class CoreModel:
 
     def finalize(self) -> None:
         self.engine.shutdown()
+        if self._metrics is not None:
+            self._metrics.stop()
         self._outbox.put(None)
         self._sender_thread.join(timeout=10)
 
