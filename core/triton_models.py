@@ -106,17 +106,18 @@ class TritonMetrics:
     def __init__(self, labels: dict[str, str]) -> None:
         self.buffer = StatsBuffer()
         kinds = pb_utils.MetricFamily
-        self._counters = {
-            key: kinds(name=name, description=doc, kind=kinds.COUNTER).Metric(labels=labels)
-            for key, (name, doc) in COUNTERS.items()
-        }
-        self._gauges = {
-            key: kinds(name=name, description=doc, kind=kinds.GAUGE).Metric(labels=labels)
-            for key, (name, doc) in GAUGES.items()
-        }
+        # The families must outlive their metrics (Triton deletes a family's metrics with it): keep both.
+        self._families: list[Any] = []
+
+        def metric(name: str, doc: str, kind: Any, **extra: Any) -> Any:
+            family = kinds(name=name, description=doc, kind=kind)
+            self._families.append(family)
+            return family.Metric(labels=labels, **extra)
+
+        self._counters = {key: metric(name, doc, kinds.COUNTER) for key, (name, doc) in COUNTERS.items()}
+        self._gauges = {key: metric(name, doc, kinds.GAUGE) for key, (name, doc) in GAUGES.items()}
         self._histograms = {
-            key: kinds(name=name, description=doc, kind=kinds.HISTOGRAM).Metric(labels=labels, buckets=buckets)
-            for key, (name, doc, buckets) in HISTOGRAMS.items()
+            key: metric(name, doc, kinds.HISTOGRAM, buckets=buckets) for key, (name, doc, buckets) in HISTOGRAMS.items()
         }
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-metrics", daemon=True)
@@ -127,22 +128,28 @@ class TritonMetrics:
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(timeout=5)
+        self._counters = self._gauges = self._histograms = {}  # metrics before their families
+        self._families.clear()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
             self.buffer.changed.wait(self.PUBLISH_SECONDS)
-            delta = self.buffer.drain()
-            if delta.empty():
-                continue
-            for key, value in delta.counters.items():
-                if value:
-                    self._counters[key].increment(value)
-            for key, value in (delta.gauges or {}).items():
-                self._gauges[key].set(value)
-            for key, values in delta.samples.items():
-                for value in values:
-                    self._histograms[key].observe(value)
+            try:
+                self._publish()
+            except Exception:  # noqa: BLE001 - metrics must never take serving down
+                pb_utils.Logger.log_error(f"vllm_core: publishing metrics failed: {traceback.format_exc()}")
             time.sleep(self.PUBLISH_SECONDS)  # batch the next engine steps into one publish
+
+    def _publish(self) -> None:
+        delta = self.buffer.drain()
+        for key, value in delta.counters.items():
+            if value:
+                self._counters[key].increment(value)
+        for key, value in (delta.gauges or {}).items():
+            self._gauges[key].set(value)
+        for key, values in delta.samples.items():
+            for value in values:
+                self._histograms[key].observe(value)
 
 
 class CoreModel:
