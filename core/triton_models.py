@@ -62,6 +62,33 @@ def _string_tensor(name: str, text: str) -> Any:
     return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
 
 
+class GuardedSender:
+    """A response sender whose `is_cancelled()` is safe to call from any thread at any time.
+
+    Measured on Triton 2.51: `is_cancelled()` on a sender whose FINAL response was already sent reaches
+    TRITONBACKEND_ResponseFactoryIsCancelled on a freed factory and kills the server (SIGSEGV). Cancel
+    watchers poll from other threads, so sending FINAL and probing are serialised here, and a closed sender
+    answers True without asking Triton.
+    """
+
+    def __init__(self, sender: Any) -> None:
+        self._sender = sender
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.closed = True
+            self._sender.send(response, flags=flags)
+
+    def is_cancelled(self) -> bool:
+        with self._lock:
+            return self.closed or self._sender.is_cancelled()
+
+
 class StageModel:
     """A preprocess or postprocess stage: `stage.json` names the class and its settings."""
 
@@ -188,7 +215,7 @@ class CoreModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            sender = GuardedSender(request.get_response_sender())
             parameters = _request_parameters(request)
             if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by key
                 self.engine.cancel_key(str(parameters[ABORT_PARAMETER]))
@@ -250,7 +277,7 @@ class GenerateModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            self.pool.submit(self._serve, request, request.get_response_sender())
+            self.pool.submit(self._serve, request, GuardedSender(request.get_response_sender()))
         return None
 
     def _serve(self, request: Any, sender: Any) -> None:
@@ -377,13 +404,13 @@ class EntryModel(GenerateModel):
             requested_output_names=[ENGINE_RESPONSE.name],
             parameters={CANCEL_KEY_PARAMETER: key},
         )
+        iterator = child.exec(decoupled=True)
         with self._live_lock:
             self._live[key] = sender
         try:
-            iterator = child.exec(decoupled=True)
             deltas: list[EngineResponse] = []
             error = None
-            sent_final = False
+            last: list[Any] | None = None  # a stream's last outputs: sent with FINAL after the release barrier
             for child_response in iterator:
                 if child_response.has_error():
                     error = child_response.error()
@@ -394,10 +421,10 @@ class EntryModel(GenerateModel):
                 delta = EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0])
                 if self.streaming:
                     outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: tensor.as_numpy()}, {})
-                    sent_final = delta.finished
-                    sender.send(
-                        pb_utils.InferenceResponse(output_tensors=outputs), flags=final if delta.finished else 0
-                    )
+                    if delta.finished:
+                        last = outputs
+                    else:
+                        sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
                 else:
                     deltas.append(delta)
         finally:
@@ -405,14 +432,13 @@ class EntryModel(GenerateModel):
                 self._live.pop(key, None)
         self._release(iterator, sender)
         if error is not None:
-            if not sent_final:
-                sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code())), flags=final
-                )
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code())), flags=final
+            )
             return
         if self.streaming:
-            if not sent_final:
-                sender.send(flags=final)
+            # rule 8 of DESIGN.md: the last data travels with FINAL (a bare FINAL only if the core sent none)
+            sender.send(None if last is None else pb_utils.InferenceResponse(output_tensors=last), flags=final)
             return
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
