@@ -411,6 +411,7 @@ class EntryModel(GenerateModel):
             deltas: list[EngineResponse] = []
             error = None
             last: list[Any] | None = None  # a stream's last outputs: sent with FINAL after the release barrier
+            abandoned = False
             for child_response in iterator:
                 if child_response.has_error():
                     error = child_response.error()
@@ -420,17 +421,26 @@ class EntryModel(GenerateModel):
                     continue
                 delta = EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0])
                 if self.streaming:
+                    if abandoned:
+                        continue  # drain the core's remaining responses; the abort is on its way
                     outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: tensor.as_numpy()}, {})
                     if delta.finished:
                         last = outputs
-                    else:
+                        continue
+                    try:
                         sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
+                    except Exception:  # noqa: BLE001 - the client is gone (a cancelled stream refuses sends)
+                        abandoned = True
+                        if self._claim(key):
+                            self._abort(key, sender)
                 else:
                     deltas.append(delta)
         finally:
             with self._live_lock:
                 self._live.pop(key, None)
         self._release(iterator, sender)
+        if abandoned:
+            return
         if error is not None:
             sender.send(
                 pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code())), flags=final
@@ -450,11 +460,20 @@ class EntryModel(GenerateModel):
         while not self._closing.wait(self.CANCEL_POLL_SECONDS):
             with self._live_lock:
                 live = list(self._live.items())
-            for key, sender in live:
-                if sender.is_cancelled():
-                    with self._live_lock:
-                        self._live.pop(key, None)  # abort once
-                    self._abort(key, sender)
+            start = time.monotonic()
+            cancelled = [(key, sender) for key, sender in live if sender.is_cancelled() and self._claim(key)]
+            for key, sender in cancelled:
+                self._abort(key, sender)
+            if cancelled:
+                self.logger.log_info(
+                    f"entry: aborted {len(cancelled)} cancelled of {len(live)} requests"
+                    f" in {time.monotonic() - start:.2f} s"
+                )
+
+    def _claim(self, key: str) -> bool:
+        """True for the one caller that gets to abort this key (the watcher or a failed send)."""
+        with self._live_lock:
+            return self._live.pop(key, None) is not None
 
     def _abort(self, key: str, sender: Any) -> None:
         control = pb_utils.InferenceRequest(
