@@ -28,6 +28,7 @@ log = logging.getLogger("vllm_core")
 Emit = Callable[[EngineResponse | None, Exception | None, bool], None]
 
 CANCEL_POLL_SECONDS = 0.5
+EARLY_ABORTS_KEPT = 4096
 
 
 def prepare_process_environment() -> None:
@@ -107,6 +108,7 @@ class Engine:
         # request id -> its probe, emitter and task; the cancel watcher polls the probes.
         self._live: dict[str, _Live] = {}
         self._keys: dict[str, str] = {}  # caller's cancel key -> request id
+        self._early_aborts: dict[str, None] = {}  # keys aborted before their request arrived (insertion order)
         self._live_lock = threading.Lock()
         self._closing = threading.Event()
         self._watcher = threading.Thread(target=self._watch_cancellations, name="vllm-cancel-watch", daemon=True)
@@ -178,9 +180,11 @@ class Engine:
             return None
         request_id = f"triton-{next(self._ids)}"
         with self._live_lock:
-            self._live[request_id] = _Live(is_cancelled, _FinalOnce(emit), key)
+            live = _Live(is_cancelled, _FinalOnce(emit), key)
+            self._live[request_id] = live
             if key:
                 self._keys[key] = request_id
+                live.cancel_requested = self._early_aborts.pop(key, 0) is None
         self._loop.call_soon_threadsafe(self._start_task, request_id, request)
         return request_id
 
@@ -208,11 +212,17 @@ class Engine:
             self._loop.call_soon_threadsafe(self._cancel_on_loop, request_id)
 
     def cancel_key(self, key: str) -> bool:
-        """Abort the request submitted with this key (thread-safe); False if none is running."""
+        """Abort the request submitted with this key (thread-safe); False if none is running yet.
+
+        A key not seen yet is remembered (bounded), so a request whose abort overtook it is aborted on arrival.
+        """
         with self._live_lock:
             request_id = self._keys.get(key)
-        if request_id is None:
-            return False
+            if request_id is None:
+                self._early_aborts[key] = None
+                while len(self._early_aborts) > EARLY_ABORTS_KEPT:
+                    self._early_aborts.pop(next(iter(self._early_aborts)))
+                return False
         self.cancel(request_id)
         return True
 

@@ -217,8 +217,9 @@ class CoreModel:
         for request in requests:
             sender = GuardedSender(request.get_response_sender())
             parameters = _request_parameters(request)
-            if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by key
-                self.engine.cancel_key(str(parameters[ABORT_PARAMETER]))
+            if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
+                for key in str(parameters[ABORT_PARAMETER]).split(","):
+                    self.engine.cancel_key(key)
                 self._outbox.put((sender, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
                 continue
             try:
@@ -404,10 +405,10 @@ class EntryModel(GenerateModel):
             requested_output_names=[ENGINE_RESPONSE.name],
             parameters={CANCEL_KEY_PARAMETER: key},
         )
-        iterator = child.exec(decoupled=True)
-        with self._live_lock:
+        with self._live_lock:  # before exec: a cancel that comes while exec waits must be seen too
             self._live[key] = sender
         try:
+            iterator = child.exec(decoupled=True)
             deltas: list[EngineResponse] = []
             error = None
             last: list[Any] | None = None  # a stream's last outputs: sent with FINAL after the release barrier
@@ -432,14 +433,14 @@ class EntryModel(GenerateModel):
                     except Exception:  # noqa: BLE001 - the client is gone (a cancelled stream refuses sends)
                         abandoned = True
                         if self._claim(key):
-                            self._abort(key, sender)
+                            self._abort([key], sender)
                 else:
                     deltas.append(delta)
         finally:
             with self._live_lock:
                 self._live.pop(key, None)
         self._release(iterator, sender)
-        if abandoned:
+        if abandoned or sender.closed:
             return
         if error is not None:
             sender.send(
@@ -462,9 +463,8 @@ class EntryModel(GenerateModel):
                 live = list(self._live.items())
             start = time.monotonic()
             cancelled = [(key, sender) for key, sender in live if sender.is_cancelled() and self._claim(key)]
-            for key, sender in cancelled:
-                self._abort(key, sender)
-            if cancelled:
+            if cancelled:  # one control request for the whole sweep: BLS calls are slow in a busy stub
+                self._abort([key for key, _ in cancelled], cancelled[0][1])
                 self.logger.log_info(
                     f"entry: aborted {len(cancelled)} cancelled of {len(live)} requests"
                     f" in {time.monotonic() - start:.2f} s"
@@ -475,12 +475,12 @@ class EntryModel(GenerateModel):
         with self._live_lock:
             return self._live.pop(key, None) is not None
 
-    def _abort(self, key: str, sender: Any) -> None:
+    def _abort(self, keys: list[str], sender: Any) -> None:
         control = pb_utils.InferenceRequest(
             model_name=self.core_model,
             inputs=[_string_tensor(ENGINE_REQUEST.name, "{}")],
             requested_output_names=[ENGINE_RESPONSE.name],
-            parameters={ABORT_PARAMETER: key},
+            parameters={ABORT_PARAMETER: ",".join(keys)},
         )
         try:
             iterator = control.exec(decoupled=True)
@@ -488,7 +488,7 @@ class EntryModel(GenerateModel):
                 pass
             self._release(iterator, sender)  # the sender is cancelled: the iterator is parked (see _release)
         except Exception:  # noqa: BLE001 - the core is gone: nothing left to abort
-            self.logger.log_warn(f"entry: aborting {key} failed: {traceback.format_exc()}")
+            self.logger.log_warn(f"entry: aborting {keys} failed: {traceback.format_exc()}")
 
     def finalize(self) -> None:
         self._closing.set()
