@@ -372,6 +372,7 @@ class EntryModel(GenerateModel):
         self._live: dict[str, Any] = {}  # cancel key -> response sender, for the watcher
         self._live_lock = threading.Lock()
         self._closing = threading.Event()
+        self._probes = ThreadPoolExecutor(max_workers=32, thread_name_prefix="entry-cancel-probe")
         self._watcher = threading.Thread(target=self._watch, name="entry-cancel-watch", daemon=True)
         self._watcher.start()
 
@@ -462,7 +463,12 @@ class EntryModel(GenerateModel):
             with self._live_lock:
                 live = list(self._live.items())
             start = time.monotonic()
-            cancelled = [(key, sender) for key, sender in live if sender.is_cancelled() and self._claim(key)]
+            # Probed in parallel: each probe is an IPC round trip that queues behind the stub's response
+            # traffic (measured ~0.3 s each with 160 busy streams, so a serial sweep of 177 took 51 s).
+            flags = list(self._probes.map(lambda item: item[1].is_cancelled(), live))
+            cancelled = [
+                (key, sender) for (key, sender), flag in zip(live, flags, strict=True) if flag and self._claim(key)
+            ]
             if cancelled:  # one control request for the whole sweep: BLS calls are slow in a busy stub
                 self._abort([key for key, _ in cancelled], cancelled[0][1])
                 self.logger.log_info(
