@@ -28,7 +28,9 @@ def test_killed_engine_gives_unavailable_in_flight_and_after(tiny_model, tmp_pat
     repository = render_repository(tmp_path / "repository", entry=entry)
     server = start_server(repository, tmp_path / "tritonserver.log")
     try:
-        engines = [pid for pid, comm in process_group_members(server.process.pid).items() if "EngineCore" in comm]
+        engines = [
+            pid for pid, comm in process_group_members(server.process.pid).items() if "EngineCor" in comm
+        ]  # comm is cut to 15 chars: VLLM::EngineCor
         assert len(engines) == 1, process_group_members(server.process.pid)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         in_flight: dict[str, object] = {}
