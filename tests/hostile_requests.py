@@ -101,7 +101,7 @@ CASES: list[Case] = [
         "wrong dtype",
         {"inputs": [{"name": "text_input", "shape": [1], "datatype": "INT32", "data": [1]}]},
         endpoint="infer",
-        message="datatype",
+        message="data-type",
     ),
     Case(
         "wrong shape",
