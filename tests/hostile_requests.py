@@ -19,7 +19,7 @@ CONTEXT = 512  # max_model_len of the default deployment
 # Measured on Triton 2.51: its HTTP /generate frontend answers JSON it cannot map to the input tensors with
 # status 500 and one of these messages, before any model runs (the models cannot change that; documented
 # here, and the fuzz test accepts exactly these).
-FRONTEND_PARSE_ERRORS = ("failed to parse the request JSON", "attempt to ", "Unable to parse")
+FRONTEND_PARSE_ERRORS = ("failed to parse the request JSON", "attempt to ", "Unable to parse", "Expected JSON object")
 
 
 @dataclass(frozen=True)
