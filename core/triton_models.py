@@ -35,6 +35,7 @@ ENTRY_STAGES_FILE = "stages.json"
 # does not reach a BLS child, so the entry model, which does see it, aborts its core request by key).
 CANCEL_KEY_PARAMETER = "cancel_key"
 ABORT_PARAMETER = "abort"
+CODE_TAG_PARAMETER = "tag_error_codes"  # a BLS caller asks the core to tag error codes into messages
 
 
 def _model_dir(args: dict[str, Any]) -> Path:
@@ -45,12 +46,23 @@ def _config_parameter(model_config: dict[str, Any], key: str, default: str) -> s
     return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
-def _triton_error(exc: BaseException) -> Any:
-    if isinstance(exc, InvalidInput):
-        return pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
-    if isinstance(exc, Unavailable):
-        return pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+def _triton_error(exc: BaseException, tagged: bool = False) -> Any:
+    for kind, code in ((InvalidInput, "INVALID_ARG"), (Unavailable, "UNAVAILABLE")):
+        if isinstance(exc, kind):
+            message = f"[{code}] {exc}" if tagged else str(exc)
+            return pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
     return pb_utils.TritonError(f"internal error: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+
+def _child_error(error: Any) -> Any:
+    """A BLS child's error for our own client, with its code: measured on 2.51, a BLS response's error comes
+    back as INTERNAL whatever code the child set, so the core tags the code into the message for BLS callers."""
+    message, code = error.message(), error.code()
+    for name in ("INVALID_ARG", "UNAVAILABLE"):
+        tag = f"[{name}] "
+        if message.startswith(tag):
+            message, code = message[len(tag) :], getattr(pb_utils.TritonError, name)
+    return pb_utils.TritonError(message, code)
 
 
 def _never_cancelled() -> bool:
@@ -236,19 +248,20 @@ class CoreModel:
             # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
             # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
             # models see the client's cancel and abort by key instead.
-            self.engine.submit(engine_request, self._emitter(sender), _never_cancelled, key=key)
+            tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
+            self.engine.submit(engine_request, self._emitter(sender, tagged), _never_cancelled, key=key)
         return None
 
-    def _reply_error(self, sender: Any, exc: BaseException) -> None:
-        response = pb_utils.InferenceResponse(error=_triton_error(exc))
+    def _reply_error(self, sender: Any, exc: BaseException, tagged: bool = False) -> None:
+        response = pb_utils.InferenceResponse(error=_triton_error(exc, tagged))
         self._outbox.put((sender, response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
-    def _emitter(self, sender: Any):
+    def _emitter(self, sender: Any, tagged: bool = False):
         final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
             if error is not None:
-                self._reply_error(sender, error)
+                self._reply_error(sender, error, tagged)
                 return
             out = pb_utils.InferenceResponse(output_tensors=[_string_tensor(ENGINE_RESPONSE.name, response.to_json())])
             self._outbox.put((sender, out, final_flag if final else 0))
@@ -306,6 +319,7 @@ class GenerateModel:
             model_name=self.core_model,
             inputs=[engine_request],
             requested_output_names=[ENGINE_RESPONSE.name],
+            parameters={CODE_TAG_PARAMETER: True},
         )
         iterator = child.exec(decoupled=True)
         deltas: list[EngineResponse] = []
@@ -319,7 +333,7 @@ class GenerateModel:
                 deltas.append(EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0]))
         self._release(iterator, sender)
         if error is not None:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code()))
+            return pb_utils.InferenceResponse(error=_child_error(error))
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
         merged = merge_responses(deltas)
@@ -451,9 +465,7 @@ class EntryModel(GenerateModel):
         if abandoned or sender.closed:
             return
         if error is not None:
-            sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message(), error.code())), flags=final
-            )
+            sender.send(pb_utils.InferenceResponse(error=_child_error(error)), flags=final)
             return
         if self.streaming:
             # rule 8 of DESIGN.md: the last data travels with FINAL (a bare FINAL only if the core sent none)
