@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from core.interface import InvalidInput, Unavailable
@@ -28,6 +29,7 @@ log = logging.getLogger("vllm_core")
 Emit = Callable[[EngineResponse | None, Exception | None, bool], None]
 
 CANCEL_POLL_SECONDS = 0.5
+EARLY_ABORTS_KEPT = 4096
 
 
 def prepare_process_environment() -> None:
@@ -143,14 +145,39 @@ def sampling_params(request: EngineRequest, offload_detokenization: bool) -> Any
         raise InvalidInput(f"sampling_parameters: {exc}") from exc
 
 
+class _FinalOnce:
+    """Wraps an Emit: remembers whether the final call happened, and drops anything after it."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self.done = False
+
+    def __call__(self, response: EngineResponse | None, error: Exception | None, final: bool) -> None:
+        if self.done:
+            return
+        self.done = final or error is not None
+        self._emit(response, error, final)
+
+
+@dataclass
+class _Live:
+    is_cancelled: Callable[[], bool]
+    emit: _FinalOnce
+    key: str = ""
+    task: asyncio.Task | None = None
+    cancel_requested: bool = False
+
+
 class Engine:
     def __init__(
         self,
         engine_args: dict[str, Any],
         lora_adapters: dict[str, str] | None = None,
         offload_detokenization: bool = True,
+        stat_loggers: list[Any] | None = None,
     ) -> None:
         prepare_process_environment()
+        self._stat_loggers = stat_loggers
         # Let postprocess turn ids into text (postprocess/detokenize.py) unless a request needs vLLM's own
         # detokenizer in this process: stop strings (vLLM must see the text to stop generating).
         self._offload_detokenization = offload_detokenization
@@ -159,6 +186,13 @@ class Engine:
         self._lora_adapters = dict(lora_adapters or {})
         self._ids = itertools.count()
         self._in_flight: set[str] = set()
+        # request id -> its probe, emitter and task; the cancel watcher polls the probes.
+        self._live: dict[str, _Live] = {}
+        self._keys: dict[str, str] = {}  # caller's cancel key -> request id
+        self._early_aborts: dict[str, None] = {}  # keys aborted before their request arrived (insertion order)
+        self._live_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_cancellations, name="vllm-cancel-watch", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._llm: Any = None
         self._started = threading.Event()
@@ -184,7 +218,7 @@ class Engine:
 
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
             if self._offload_detokenization and self._llm.tokenizer is not None:
                 from postprocess.detokenize import sync_token_ids
 
@@ -194,12 +228,14 @@ class Engine:
             self._started.set()
             return
         self._started.set()
+        self._watcher.start()
         await self._stop.wait()
         if self._in_flight:
             await self._llm.abort(list(self._in_flight))
         self._llm.shutdown()
 
     def shutdown(self) -> None:
+        self._closing.set()
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout=30)
@@ -217,12 +253,85 @@ class Engine:
 
     # Requests ----------------------------------------------------------------------------------------------
 
-    def submit(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool]) -> None:
-        """Start generating; thread-safe, returns at once."""
-        if self._loop is None or self._llm is None:
+    def submit(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool], key: str = "") -> str | None:
+        """Start generating; thread-safe, returns the request id at once (None if refused).
+
+        `is_cancelled` is polled every CANCEL_POLL_SECONDS from a watcher thread (never from the engine loop:
+        on Triton it is an IPC round trip); when it turns true, or `cancel(id)` is called, the request is
+        aborted in vLLM and gets a final Unavailable error. A non-empty `key` lets `cancel_key(key)` abort it.
+        """
+        if self._loop is None or self._llm is None or self.errored:
             emit(None, Unavailable("the vLLM engine is not running"), True)
+            return None
+        request_id = f"triton-{next(self._ids)}"
+        with self._live_lock:
+            live = _Live(is_cancelled, _FinalOnce(emit), key)
+            self._live[request_id] = live
+            if key:
+                self._keys[key] = request_id
+                live.cancel_requested = self._early_aborts.pop(key, 0) is None
+        self._loop.call_soon_threadsafe(self._start_task, request_id, request)
+        return request_id
+
+    def _start_task(self, request_id: str, request: EngineRequest) -> None:
+        with self._live_lock:
+            live = self._live.get(request_id)
+        if live is None:
             return
-        asyncio.run_coroutine_threadsafe(self._generate(request, emit, is_cancelled), self._loop)
+        live.task = asyncio.ensure_future(self._generate(request_id, request, live.emit))
+        if live.cancel_requested:
+            live.task.cancel()
+        live.task.add_done_callback(lambda _: self._finish(request_id))
+
+    def _finish(self, request_id: str) -> None:
+        with self._live_lock:
+            live = self._live.pop(request_id, None)
+            if live is not None and live.key:
+                self._keys.pop(live.key, None)
+        if live is not None and not live.emit.done:  # cancelled before its first step: still owes a final
+            live.emit(None, Unavailable("the request was cancelled"), True)
+
+    def cancel(self, request_id: str) -> None:
+        """Abort one request (thread-safe): its task is cancelled, which aborts it in vLLM."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._cancel_on_loop, request_id)
+
+    def cancel_key(self, key: str) -> bool:
+        """Abort the request submitted with this key (thread-safe); False if none is running yet.
+
+        A key not seen yet is remembered (bounded), so a request whose abort overtook it is aborted on arrival.
+        """
+        with self._live_lock:
+            request_id = self._keys.get(key)
+            if request_id is None:
+                self._early_aborts[key] = None
+                while len(self._early_aborts) > EARLY_ABORTS_KEPT:
+                    self._early_aborts.pop(next(iter(self._early_aborts)))
+                return False
+        self.cancel(request_id)
+        return True
+
+    def _cancel_on_loop(self, request_id: str) -> None:
+        with self._live_lock:
+            live = self._live.get(request_id)
+        if live is None:
+            return
+        live.cancel_requested = True
+        if live.task is not None:
+            live.task.cancel()
+
+    def _watch_cancellations(self) -> None:
+        while not self._closing.wait(CANCEL_POLL_SECONDS):
+            with self._live_lock:
+                live = [(rid, item) for rid, item in self._live.items() if not item.cancel_requested]
+            for request_id, item in live:
+                try:
+                    cancelled = item.is_cancelled()
+                except Exception:  # noqa: BLE001 - a probe that fails means the request is gone
+                    cancelled = True
+                if cancelled:
+                    log.info("request %s: cancelled by the client", request_id)
+                    self.cancel(request_id)
 
     def _sampling_params(self, request: EngineRequest) -> Any:
         return sampling_params(request, offload_detokenization=self._sync_ids is not None)
@@ -238,8 +347,7 @@ class Engine:
         lora_id = sorted(self._lora_adapters).index(name) + 1
         return LoRARequest(name, lora_id, self._lora_adapters[name])
 
-    async def _generate(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool]) -> None:
-        request_id = f"triton-{next(self._ids)}"
+    async def _generate(self, request_id: str, request: EngineRequest, emit: Emit) -> None:
         finished = False
         try:
             sampling = self._sampling_params(request)

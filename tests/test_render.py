@@ -59,7 +59,7 @@ def _config(tmp_path: Path, text: str) -> Path:
             "postprocess.settings.greeting[0]: unresolved placeholder in 'hi ${WHO}'",
         ),
         ("model: ./m\nmetrics: 'yes'\n", "metrics: expected bool, got str 'yes'"),
-        ("model: ./m\nhealth_chek: true\n", "health_chek: unknown key; did you mean 'health_check'?"),
+        ("model: ./m\nmetric: true\n", "metric: unknown key; did you mean 'metrics'?"),
         ("model: ./m\nimages: {max_byte: 10}\n", "images.max_byte: unknown key; did you mean 'max_bytes'?"),
         ("model: ./m\nimages: {max_pixels: 1.5}\n", "images.max_pixels: expected int, got float 1.5"),
         ("model: ./m\nimages: {max_images: 0}\n", "images.max_images: must be >= 1"),
@@ -214,7 +214,7 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     config = _config(
         tmp_path,
         "model: ./m\nchat_template: {file: templates/chat.jinja, allow_per_request: true}\n"
-        "images: {max_bytes: 1000, max_pixels: 4096, max_images: 2}\nmetrics: false\nhealth_check: false\n",
+        "images: {max_bytes: 1000, max_pixels: 4096, max_images: 2}\nmetrics: false\n",
     )
     files = render(load_deployment(config), tmp_path / "repo")
     settings = json.loads(files["preprocess/1/stage.json"])["settings"]
@@ -223,7 +223,6 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     assert (settings["max_image_bytes"], settings["max_image_pixels"], settings["max_images"]) == (1000, 4096, 2)
     core = files["vllm_core/config.pbtxt"]
     assert 'key: "metrics_enabled"\n  value {\n    string_value: "false"' in core
-    assert 'key: "health_check"\n  value {\n    string_value: "false"' in core
     inline = render(load_deployment(_config(tmp_path, "model: ./m\nchat_template: {inline: 'T'}\n")), tmp_path / "r")
     settings = json.loads(inline["preprocess/1/stage.json"])["settings"]
     assert (settings["chat_template"], settings["allow_request_chat_template"]) == ("T", False)

@@ -50,7 +50,6 @@ def deployments(draw: st.DrawFn, runnable: bool = False) -> dict[str, Any]:
         "postprocess": {"class": draw(POSTPROCESS)},
         "generate": {"instances": draw(st.integers(1, 2)), "max_in_flight": draw(st.integers(1, 600))},
         "metrics": draw(st.booleans()),
-        "health_check": draw(st.booleans()),
     }
     if draw(st.booleans()):
         config["postprocess"] = {

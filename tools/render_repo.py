@@ -38,6 +38,9 @@ DEFAULT_OUT = ROOT / "model_repository"
 HEADER = "# Rendered by tools/render_repo.py from a deployment config. Do not edit: change the config and re-render.\n"
 
 
+ENTRY_KINDS = ("ensemble", "bls")
+
+
 class ConfigError(ValueError):
     """A deployment config that cannot be rendered; the message names the key path and the fix."""
 
@@ -107,8 +110,11 @@ class Deployment:
     lora_adapters: dict[str, str] = field(default_factory=dict)
     chat_template: ChatTemplateConfig | None = None
     images: ImagesConfig | None = None
-    metrics: bool = True
-    health_check: bool = True
+    metrics: bool = False
+    # "ensemble": the public names are ensembles (pre -> core/generate -> post). "bls": they are Python entry
+    # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
+    # the engine request on Triton 2.51 (an ensemble step never sees it; DESIGN.md rule 5).
+    entry: str = "ensemble"
     base_dir: Path = field(default=ROOT, repr=False)  # the config file's folder: relative paths start there
 
 
@@ -260,6 +266,8 @@ def check_deployment(deployment: Deployment) -> None:
             raise ConfigError(
                 f"names.{f.name}: {name!r} is not a usable model name; use letters, digits, '_', '.', '-'"
             )
+    if deployment.entry not in ENTRY_KINDS:
+        raise ConfigError(f"entry: must be one of {', '.join(ENTRY_KINDS)}, got {deployment.entry!r}")
     names = [getattr(deployment.names, f.name) for f in fields(Names)]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -600,7 +608,6 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         decoupled=True,
         parameters={  # read by the core's adapter
             "metrics_enabled": "true" if deployment.metrics else "false",
-            "health_check": "true" if deployment.health_check else "false",
         },
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
@@ -616,6 +623,29 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         parameters={"core_model": names.core, "max_in_flight": str(deployment.generate.max_in_flight)},
     )
     files[f"{names.generate}/1/model.py"] = _model_py("GenerateModel", "generate (BLS over the core, one response)")
+
+    if deployment.entry == "bls":
+        stages = {
+            "preprocess": {"class": deployment.preprocess.cls, "settings": pre_settings},
+            "postprocess": {"class": deployment.postprocess.cls, "settings": deployment.postprocess.settings},
+        }
+        for entry, stream in ((names.plain, False), (names.streaming, True)):
+            files[f"{entry}/config.pbtxt"] = _python_model(
+                entry,
+                pre_cls.inputs,
+                post_cls.outputs,
+                deployment.generate.instances,
+                "KIND_CPU",
+                decoupled=stream,
+                parameters={
+                    "core_model": names.core,
+                    "max_in_flight": str(deployment.generate.max_in_flight),
+                    "stream": "true" if stream else "false",
+                },
+            )
+            files[f"{entry}/1/model.py"] = _model_py("EntryModel", "a public entry (stages in-process, core by BLS)")
+            files[f"{entry}/1/stages.json"] = _json(stages)
+        return dict(sorted(files.items()))
 
     request, response = "_" + tensors.ENGINE_REQUEST.name, "_" + tensors.ENGINE_RESPONSE.name
     public_in = {t.name: t.name for t in pre_cls.inputs}

@@ -1,0 +1,122 @@
+"""vLLM's engine statistics, gathered for Triton's /metrics (the `vllm:` families).
+
+vLLM calls a stat logger's `record()` on its output-handler task after every engine step. Publishing there
+would put Triton IPC (one round trip per metric update) on the engine's event loop, and Triton 2.51 custom
+metrics updated from several threads at once crashed the server in a probe. So `record()` only adds to a
+`StatsBuffer` under a lock, and ONE publisher thread (core/triton_models.py) drains it into Triton's metrics.
+This module is Triton-free, so unit tests reach it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# (name, description); the names follow vLLM's own Prometheus metrics.
+COUNTERS = {
+    "prompt_tokens": ("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
+    "generation_tokens": ("vllm:generation_tokens_total", "Number of generation tokens processed."),
+    "request_success": ("vllm:request_success_total", "Number of finished requests (any finish reason)."),
+    "preemptions": ("vllm:num_preemptions_total", "Number of preemptions."),
+}
+GAUGES = {
+    "running": ("vllm:num_requests_running", "Number of requests in model execution batches."),
+    "waiting": ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+}
+_LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+_TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+HISTOGRAMS = {
+    "time_to_first_token": (
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        _LATENCY_BUCKETS,
+    ),
+    "time_per_output_token": (
+        "vllm:time_per_output_token_seconds",
+        "Histogram of the mean time per output token of each request, in seconds.",
+        _LATENCY_BUCKETS,
+    ),
+    "e2e_request_latency": (
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of end-to-end request latency in seconds.",
+        [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+    ),
+    "request_prompt_tokens": ("vllm:request_prompt_tokens", "Number of prefill tokens per request.", _TOKEN_BUCKETS),
+    "request_generation_tokens": (
+        "vllm:request_generation_tokens",
+        "Number of generation tokens per request.",
+        _TOKEN_BUCKETS,
+    ),
+}
+
+
+@dataclass
+class StatsDelta:
+    """What happened since the last drain: counter increments, latest gauges, histogram samples."""
+
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
+    gauges: dict[str, float] | None = None
+    samples: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in HISTOGRAMS})
+
+    def empty(self) -> bool:
+        return self.gauges is None and not any(self.counters.values()) and not any(self.samples.values())
+
+
+class StatsBuffer:
+    """Thread-safe accumulator between vLLM's stat-logger callback and the one publisher thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._delta = StatsDelta()
+        self.changed = threading.Event()
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        with self._lock:
+            delta = self._delta
+            if scheduler_stats is not None:
+                delta.gauges = {
+                    "running": float(scheduler_stats.num_running_reqs),
+                    "waiting": float(scheduler_stats.num_waiting_reqs),
+                    "kv_cache_usage": float(scheduler_stats.kv_cache_usage),
+                }
+            if iteration_stats is not None:
+                delta.counters["prompt_tokens"] += iteration_stats.num_prompt_tokens
+                delta.counters["generation_tokens"] += iteration_stats.num_generation_tokens
+                delta.counters["preemptions"] += iteration_stats.num_preempted_reqs
+                delta.samples["time_to_first_token"].extend(iteration_stats.time_to_first_tokens_iter)
+                for finished in iteration_stats.finished_requests:
+                    delta.counters["request_success"] += 1
+                    delta.samples["e2e_request_latency"].append(finished.e2e_latency)
+                    delta.samples["request_prompt_tokens"].append(finished.num_prompt_tokens)
+                    delta.samples["request_generation_tokens"].append(finished.num_generation_tokens)
+                    if finished.num_generation_tokens > 1:
+                        delta.samples["time_per_output_token"].append(finished.mean_time_per_output_token)
+        self.changed.set()
+
+    def drain(self) -> StatsDelta:
+        with self._lock:
+            delta, self._delta = self._delta, StatsDelta()
+            self.changed.clear()
+        return delta
+
+
+def stat_logger_factory(buffer: StatsBuffer) -> Callable[..., Any]:
+    """A vLLM StatLoggerBase class (vLLM instantiates it per engine) that feeds `buffer`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class BufferStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            buffer.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return BufferStatLogger

@@ -1,0 +1,54 @@
+"""core.metrics.StatsBuffer: vLLM's stat-logger records become one drainable delta (no Triton needed)."""
+
+from __future__ import annotations
+
+import threading
+
+from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
+
+from core.metrics import COUNTERS, HISTOGRAMS, StatsBuffer
+
+
+def _iteration(prompt: int, generated: int, finished: list[FinishedRequestStats]) -> IterationStats:
+    stats = IterationStats()
+    stats.prompt_token_stats.total = prompt
+    stats.num_generation_tokens = generated
+    stats.time_to_first_tokens_iter = [0.01] if prompt else []
+    stats.finished_requests = finished
+    return stats
+
+
+def test_drain_sums_counters_keeps_latest_gauges_and_every_sample():
+    buffer = StatsBuffer()
+    assert buffer.drain().empty()
+    buffer.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.5), _iteration(7, 1, []))
+    done = FinishedRequestStats("length", e2e_latency=0.3, num_prompt_tokens=7, num_generation_tokens=4)
+    buffer.record(SchedulerStats(num_running_reqs=0, kv_cache_usage=0.0), _iteration(0, 3, [done]))
+    assert buffer.changed.is_set()
+    delta = buffer.drain()
+    assert not buffer.changed.is_set()
+    assert delta.counters["generation_tokens"] == 4
+    assert delta.counters["request_success"] == 1
+    assert delta.gauges == {"running": 0.0, "waiting": 0.0, "kv_cache_usage": 0.0}
+    assert delta.samples["e2e_request_latency"] == [0.3]
+    assert delta.samples["request_generation_tokens"] == [4]
+    assert delta.samples["request_prompt_tokens"] == [7]
+    assert delta.samples["time_to_first_token"] == [0.01]
+    assert buffer.drain().empty()
+
+
+def test_records_from_many_threads_lose_nothing():
+    buffer = StatsBuffer()
+
+    def work() -> None:
+        for _ in range(1000):
+            buffer.record(None, _iteration(0, 1, []))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert buffer.drain().counters["generation_tokens"] == 8000
+    assert set(COUNTERS) >= {"prompt_tokens", "generation_tokens"}
+    assert {"time_to_first_token", "time_per_output_token", "e2e_request_latency"} <= set(HISTOGRAMS)
