@@ -39,13 +39,39 @@ def _sp(**sampling: Any) -> dict[str, Any]:
     return {"text_input": "hello", "sampling_parameters": json.dumps(sampling)}
 
 
+def _png(width: int, height: int, complete: bool = True) -> str:
+    """A base64 PNG; `complete=False` keeps only the signature and the IHDR chunk (a header that claims any size)."""
+    import base64
+    import io
+    import struct
+    import zlib
+
+    if not complete:
+
+        def chunk(kind: bytes, data: bytes) -> bytes:
+            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+        ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+        idat = zlib.compress(b"\x00" * 1024)  # the first few rows only: the rest is never sent
+        return base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat)).decode()
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _chat(messages: Any, **parameters: Any) -> dict[str, Any]:
+    return {"messages": messages if isinstance(messages, str) else json.dumps(messages), "parameters": parameters}
+
+
 CASES: list[Case] = [
     # the body itself
     Case("malformed JSON body", b'{"text_input": "hello", ', raw=True, status=500, message="parse"),
     Case("body is a JSON list", b'["hello"]', raw=True, status=500, message="non-object"),
     Case("non-UTF-8 body", b'{"text_input": "\xff\xfe"}', raw=True),
     # the prompt
-    Case("no prompt", {"parameters": {"max_tokens": 4}}, message="text_input is required"),
+    Case("no prompt", {"parameters": {"max_tokens": 4}}, message="send exactly one of text_input and messages"),
     Case("prompt is a number", {"text_input": 5}, status=500, message="non-string"),
     Case("prompt is a list of two", {"text_input": ["a", "b"]}),
     Case("10 MB prompt", {"text_input": "word " * (2 * 1024 * 1024)}, message="context"),
@@ -88,6 +114,44 @@ CASES: list[Case] = [
         "temperature as a request parameter string",
         {"text_input": "hi", "parameters": {"temperature": "hot"}},
         message="temperature",
+    ),
+    # chat messages and templates
+    Case("messages not JSON", _chat("[{'role': 'user'"), message="messages"),
+    Case("messages not a list", _chat({"role": "user", "content": "hi"}), message="messages"),
+    Case("unknown role", _chat([{"role": "wizard", "content": "hi"}]), message="role"),
+    Case("content of a wrong type", _chat([{"role": "user", "content": 5}]), message="content"),
+    Case(
+        "both text_input and messages",
+        {**_chat([{"role": "user", "content": "hi"}]), "text_input": "hi"},
+        message="exactly one of",
+    ),
+    Case(
+        "template injection through a per-request template",
+        _chat([{"role": "user", "content": "hi"}], chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}"),
+        message="chat_template",
+    ),
+    Case(
+        "chat options on a text prompt",
+        {"text_input": "hi", "parameters": {"add_generation_prompt": True}},
+        message="chat",
+    ),
+    # images
+    Case("invalid base64 image", {"text_input": "hi", "image": ["!!!not base64!!!"]}, message="base64"),
+    Case("truncated image", {"text_input": "hi", "image": [_png(8, 8)[:60]]}, message="image"),
+    Case("bytes that are no image", {"text_input": "hi", "image": ["aGVsbG8gd29ybGQ="]}, message="image"),
+    Case(
+        "decompression bomb (100000 x 100000 header)",
+        {"text_input": "hi", "image": [_png(100_000, 100_000, False)]},
+        message="pixels",
+    ),
+    Case("50-megapixel image", {"text_input": "hi", "image": [_png(7072, 7072, False)]}, message="pixels"),
+    Case("too many images", {"text_input": "hi", "image": [_png(4, 4)] * 5}, message="images"),
+    Case(
+        "image part with an http URL",
+        _chat(
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.invalid/x.png"}}]}]
+        ),
+        message="image",
     ),
     # flags
     Case(

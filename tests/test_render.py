@@ -97,7 +97,7 @@ def _config(tmp_path: Path, text: str) -> Path:
             "postprocess.class: stage class 'nowhere.module:Cls'",
         ),
         ("- just a list\n", "config: expected a mapping, got list"),
-        ("model: ./m\npostprocess: {instances: 2}\n", "postprocess.instances: must be 1"),
+        ("model: ./m\npostprocess: {instances: 0}\n", "postprocess.instances: must be >= 1"),
         ("model: ./m\npreprocess: {instances: 0}\n", "preprocess.instances: must be >= 1"),
         ("model: ./m\nnames: {plain: x, streaming: x}\n", "names: model names must differ, ['x'] used twice"),
         ("model: ./m\nnames: {core: preprocess}\n", "names: model names must differ, ['preprocess'] used twice"),
@@ -246,3 +246,10 @@ def test_rendered_files_are_ascii_so_the_stub_can_read_them(tmp_path: Path):
     settings = json.loads(files["postprocess/1/stage.json"])["settings"]
     assert settings["prefix"] == "grüße 😀"
     assert json.loads(files["preprocess/1/stage.json"])["settings"]["chat_template"] == '{{ "¡hola!" }}'
+
+
+def test_several_postprocess_instances_preserve_response_order(tmp_path: Path):
+    one = render(load_deployment(_config(tmp_path, "model: ./m\npostprocess: {instances: 1}\n")), tmp_path / "a")
+    assert "dynamic_batching" not in one["postprocess/config.pbtxt"]
+    two = render(load_deployment(_config(tmp_path, "model: ./m\npostprocess: {instances: 2}\n")), tmp_path / "b")
+    assert "dynamic_batching {\n  preserve_ordering: true\n}" in two["postprocess/config.pbtxt"]
