@@ -105,6 +105,19 @@ class GuardedSender:
             return self.closed or self._sender.is_cancelled()
 
 
+def _lora_adapters(lora_file: Path, repository_root: Path) -> dict[str, str]:
+    """multi_lora.json, name -> adapter path, with the same path rule as model.json; every local adapter must
+    exist now: vLLM loads an adapter at its first request, and a missing one kills the EngineCore for everyone."""
+    if not lora_file.exists():
+        return {}
+    names = json.loads(lora_file.read_text(encoding="utf-8"))
+    adapters = resolve_paths(names, repository_root, tuple(names))
+    for name, path in adapters.items():
+        if Path(path).is_absolute() and not (Path(path) / "adapter_config.json").exists():
+            raise FileNotFoundError(f"{lora_file}: LoRA adapter {name!r}: no adapter_config.json in {path}")
+    return adapters
+
+
 class StageModel:
     """A preprocess or postprocess stage: `stage.json` names the class and its settings."""
 
@@ -201,8 +214,7 @@ class CoreModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.logger = pb_utils.Logger
         model_dir = _model_dir(args)
-        lora_file = model_dir / LORA_FILE
-        loras = json.loads(lora_file.read_text()) if lora_file.exists() else {}
+        loras = _lora_adapters(model_dir / LORA_FILE, Path(args["model_repository"]).parent)
         model_config = json.loads(args["model_config"])
         prepare_process_environment()  # before anything imports vLLM
         self._metrics: TritonMetrics | None = None

@@ -87,7 +87,9 @@ def test_cancel_half_of_the_streams_frees_the_engine_and_the_rest_finish(bls_ser
         tasks = [asyncio.create_task(stream(i)) for i in range(total)]
         # Cancel once every request is in the engine (the engine outruns the clients' delta consumption, so
         # waiting for each stream's first delta could find the engine already done).
-        await asyncio.to_thread(wait_for, lambda: in_engine(bls_server) >= total * 3 // 4, 300)
+        # Well over the half that stays (the clients start their streams at different speeds, so not all 200 need
+        # be in at one moment: a CI run peaked below 3/4 and the wait ran out while every stream finished).
+        await asyncio.to_thread(wait_for, lambda: in_engine(bls_server) >= total * 6 // 10, 300)
         before = await asyncio.to_thread(in_engine, bls_server)
         cancel_at = time.monotonic()
         for i, task in enumerate(tasks):
