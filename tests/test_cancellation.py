@@ -127,7 +127,8 @@ def test_sse_disconnect_aborts_the_engine_request(bls_server):
     lines = reply.iter_lines()
     while not next(lines).startswith(b"data: "):
         pass
-    assert in_engine(bls_server) == 1
+    # /metrics is published every ~0.2 s: wait for the gauge rather than read it once
+    assert wait_for(lambda: in_engine(bls_server) == 1, 5) is not None, "the streamed request never showed"
     reply.close()
     freed = wait_for(lambda: in_engine(bls_server) == 0, 10)
     print(f"\nSSE disconnect: engine free after {freed}s")
