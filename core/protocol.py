@@ -8,7 +8,7 @@ ensemble the postprocess step may only consume tensors that come from the core (
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -25,7 +25,7 @@ class EngineRequest:
     postprocess_options: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(vars(self), ensure_ascii=False, separators=(",", ":"))  # flat: no asdict deep copy
 
     @classmethod
     def from_json(cls, text: str | bytes) -> EngineRequest:
@@ -69,7 +69,9 @@ class EngineResponse:
     prompt_logprobs: list[dict[str, list] | None] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+        # vars(), not dataclasses.asdict: asdict deep-copies every list, and this runs once per streamed delta.
+        doc = {**vars(self), "outputs": [vars(seq) for seq in self.outputs]}
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> EngineResponse:
@@ -78,8 +80,11 @@ class EngineResponse:
         return cls(**doc)
 
 
-def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
-    """Fold a request's deltas into one response, as if the engine had answered once at the end."""
+def merge_responses(responses: list[EngineResponse], streamed: bool = False) -> EngineResponse:
+    """Fold a request's consecutive deltas into one response, as if the engine had answered once after the last.
+
+    `streamed=False` gives a whole answer (the plain path); True gives one larger streamed delta (the core
+    coalescing a stream's queued deltas)."""
     if not responses:
         raise ValueError("no responses to merge")
     merged: dict[int, SequenceDelta] = {}
@@ -115,7 +120,7 @@ def merge_responses(responses: list[EngineResponse]) -> EngineResponse:
         finished=last.finished,
         postprocess_options=last.postprocess_options,
         request_id=last.request_id,
-        streamed=False,
+        streamed=streamed,
         decode=last.decode,
         prompt_logprobs=next((r.prompt_logprobs for r in responses if r.prompt_logprobs is not None), None),
     )

@@ -7,6 +7,7 @@ Triton-free modules (core.engine, core.protocol, the stage packages), where unit
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from core.coalesce import Outgoing, coalesce
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
@@ -91,6 +93,7 @@ class GuardedSender:
         self._sender = sender
         self._lock = threading.Lock()
         self.closed = False
+        self.tagged = False  # the caller is a BLS model: error codes go into the message (see _child_error)
 
     def send(self, response: Any = None, flags: int = 0) -> None:
         with self._lock:
@@ -216,6 +219,8 @@ class CoreModel:
         model_dir = _model_dir(args)
         loras = _lora_adapters(model_dir / LORA_FILE, Path(args["model_repository"]).parent)
         model_config = json.loads(args["model_config"])
+        # The deployment's engine_env, before vLLM reads it; the EngineCore process inherits it.
+        os.environ.update(json.loads(_config_parameter(model_config, "engine_env", "{}")))
         prepare_process_environment()  # before anything imports vLLM
         self._metrics: TritonMetrics | None = None
         stat_loggers = None
@@ -228,18 +233,38 @@ class CoreModel:
         self.engine.start()
         if self._metrics is not None:
             self._metrics.start()
-        # Responses are sent from this thread, so the engine's event loop never waits on Triton IPC.
-        self._outbox: queue.SimpleQueue[tuple[Any, Any, int] | None] = queue.SimpleQueue()
+        # Responses are built and sent from this thread, so the engine's event loop never waits on Triton IPC,
+        # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py).
+        self._outbox: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
         self._sender_thread = threading.Thread(target=self._send_loop, name="vllm-core-sender", daemon=True)
         self._sender_thread.start()
 
+    # At most this many queued responses are coalesced per pass, so one pass never holds the others for long.
+    MAX_DRAIN = 1024
+
     def _send_loop(self) -> None:
-        while (item := self._outbox.get()) is not None:
-            sender, response, flags = item
-            try:
-                sender.send(response, flags=flags)
-            except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
-                self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
+        final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        while True:
+            batch = [self._outbox.get()]
+            while len(batch) < self.MAX_DRAIN:
+                try:
+                    batch.append(self._outbox.get_nowait())
+                except queue.Empty:
+                    break
+            for item in coalesce([item for item in batch if item is not None]):
+                try:
+                    if item.error is not None:
+                        response = pb_utils.InferenceResponse(error=_triton_error(item.error, item.sender.tagged))
+                    elif item.response is not None:
+                        tensor = _string_tensor(ENGINE_RESPONSE.name, item.response.to_json())
+                        response = pb_utils.InferenceResponse(output_tensors=[tensor])
+                    else:
+                        response = None
+                    item.sender.send(response, flags=final_flag if item.final else 0)
+                except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
+                    self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
+            if None in batch:  # finalize
+                return
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -248,7 +273,7 @@ class CoreModel:
             if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
                 for key in str(parameters[ABORT_PARAMETER]).split(","):
                     self.engine.cancel_key(key)
-                self._outbox.put((sender, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+                self._outbox.put(Outgoing(sender, None, None, True))
                 continue
             try:
                 tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
@@ -260,23 +285,19 @@ class CoreModel:
             # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
             # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
             # models see the client's cancel and abort by key instead.
-            tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
-            self.engine.submit(engine_request, self._emitter(sender, tagged), _never_cancelled, key=key)
+            sender.tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
+            self.engine.submit(engine_request, self._emitter(sender), _never_cancelled, key=key)
         return None
 
-    def _reply_error(self, sender: Any, exc: BaseException, tagged: bool = False) -> None:
-        response = pb_utils.InferenceResponse(error=_triton_error(exc, tagged))
-        self._outbox.put((sender, response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+    def _reply_error(self, sender: Any, exc: BaseException) -> None:
+        self._outbox.put(Outgoing(sender, None, exc, True))
 
-    def _emitter(self, sender: Any, tagged: bool = False):
-        final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
+    def _emitter(self, sender: Any):
         def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
             if error is not None:
-                self._reply_error(sender, error, tagged)
-                return
-            out = pb_utils.InferenceResponse(output_tensors=[_string_tensor(ENGINE_RESPONSE.name, response.to_json())])
-            self._outbox.put((sender, out, final_flag if final else 0))
+                self._reply_error(sender, error)
+            else:
+                self._outbox.put(Outgoing(sender, response, None, final))
 
         return emit
 

@@ -379,8 +379,9 @@ def run_bare(engine_args: dict[str, Any], prompts, levels, stream: bool, log: Pa
 # The run -------------------------------------------------------------------------------------------------
 
 
-def bench_repository(out: Path) -> tuple[Path, dict[str, Any]]:
-    """Render the default deployment with the benchmark's engine args into OUT/repo."""
+def bench_repository(out: Path) -> tuple[Path, dict[str, Any], dict[str, str]]:
+    """Render the default deployment with the benchmark's engine args into OUT/repo; (repo, engine args, engine
+    environment): the bare and `vllm serve` paths run with the same engine args AND the same engine_env."""
     from tools.render_repo import DEFAULT_CONFIG, load_deployment, render, write
 
     deployment = load_deployment(DEFAULT_CONFIG)
@@ -389,7 +390,7 @@ def bench_repository(out: Path) -> tuple[Path, dict[str, Any]]:
     write(render(deployment, repo), repo)
     from core.engine_config import load_engine_args
 
-    return repo, load_engine_args(repo / deployment.names.core / "1" / "model.json")
+    return repo, load_engine_args(repo / deployment.names.core / "1" / "model.json"), dict(deployment.engine_env)
 
 
 def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
@@ -495,7 +496,8 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     build_tiny_model(TINY_MODEL)
-    repo, engine_args = bench_repository(out)
+    repo, engine_args, engine_env = bench_repository(out)
+    os.environ.update(engine_env)  # server_environment() copies it into every engine process of every path
     prompts = build_prompts(TINY_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     levels = [

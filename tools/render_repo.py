@@ -111,6 +111,9 @@ class Deployment:
     chat_template: ChatTemplateConfig | None = None
     images: ImagesConfig | None = None
     metrics: bool = False
+    # Environment variables for the engine's process, set by the core before vLLM starts (the EngineCore inherits
+    # them): vLLM's own knobs that are not engine args, e.g. OMP_NUM_THREADS or VLLM_CPU_OMP_THREADS_BIND.
+    engine_env: dict[str, str] = field(default_factory=dict)
     # "ensemble": the public names are ensembles (pre -> core/generate -> post). "bls": they are Python entry
     # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
     # the engine request on Triton 2.51 (an ensemble step never sees it; DESIGN.md rule 5).
@@ -266,6 +269,9 @@ def check_deployment(deployment: Deployment) -> None:
     if duplicates:
         raise ConfigError(f"names: model names must differ, {duplicates} used twice; rename one of them")
     _check_engine_args(deployment)
+    for key in deployment.engine_env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ConfigError(f"engine_env.{key}: not an environment variable name (letters, digits, _)")
     template = deployment.chat_template
     if template is not None:
         if template.inline is not None and template.file is not None:
@@ -612,6 +618,7 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         decoupled=True,
         parameters={  # read by the core's adapter
             "metrics_enabled": "true" if deployment.metrics else "false",
+            "engine_env": json.dumps(deployment.engine_env, sort_keys=True, separators=(",", ":")),
         },
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")

@@ -20,6 +20,10 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The Python backend's thread-pool-size (default 32) caps the BLS calls in flight in a stub: measured on 2.51,
+# the plain path never had more than 32 requests in the engine, at any client concurrency. The deployment's
+# generate.max_in_flight (512 by default) needs at least as many. Pass it to a tritonserver you start yourself.
+PYTHON_BACKEND_THREADS = 512
 
 
 def pytriton_root() -> Path:
@@ -96,6 +100,7 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             f"--exit-timeout-secs={self.exit_timeout_secs}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}",
             *self.extra_args,
         ]
 

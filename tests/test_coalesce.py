@@ -1,0 +1,90 @@
+"""The core's coalescing of queued responses (core/coalesce.py): order, FINAL and errors kept, deltas merged."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.coalesce import Outgoing, coalesce
+from core.protocol import EngineResponse, SequenceDelta
+
+
+def _delta(request: str, ids: list[int], finished: bool = False, context: list[int] | None = None) -> EngineResponse:
+    seq = SequenceDelta(0, "", list(ids), "length" if finished else None, context_ids=context or [])
+    return EngineResponse([seq], num_input_tokens=3, finished=finished, request_id=request, streamed=True)
+
+
+def test_an_idle_pipeline_sends_each_delta_as_it_is():
+    a = object()
+    items = [Outgoing(a, _delta("a", [1]), None, False)]
+    assert coalesce(items) == items
+
+
+def test_queued_deltas_of_one_request_go_out_as_one_streamed_delta_with_the_first_window():
+    a = object()
+    out = coalesce(
+        [
+            Outgoing(a, _delta("a", [1], context=[7, 8]), None, False),
+            Outgoing(a, _delta("a", [2, 3], context=[1]), None, False),
+            Outgoing(a, _delta("a", [4], finished=True, context=[3]), None, True),
+        ]
+    )
+    assert len(out) == 1
+    sender, response, error, final = out[0]
+    assert (sender, error, final) == (a, None, True)
+    assert response.streamed and response.finished and response.request_id == "a"
+    assert response.outputs[0].token_ids == [1, 2, 3, 4]
+    assert response.outputs[0].context_ids == [7, 8]  # the window before the first merged token
+    assert response.outputs[0].finish_reason == "length"
+
+
+def test_requests_are_merged_separately_and_keep_their_order():
+    a, b = object(), object()
+    out = coalesce(
+        [
+            Outgoing(a, _delta("a", [1]), None, False),
+            Outgoing(b, _delta("b", [10]), None, False),
+            Outgoing(a, _delta("a", [2]), None, False),
+            Outgoing(b, _delta("b", [11], finished=True), None, True),
+        ]
+    )
+    assert [(o.sender, o.response.outputs[0].token_ids, o.final) for o in out] == [
+        (a, [1, 2], False),
+        (b, [10, 11], True),
+    ]
+
+
+def test_an_error_is_never_merged_and_the_data_before_it_goes_first():
+    a = object()
+    failure = RuntimeError("engine died")
+    out = coalesce(
+        [
+            Outgoing(a, _delta("a", [1]), None, False),
+            Outgoing(a, _delta("a", [2]), None, False),
+            Outgoing(a, None, failure, True),
+        ]
+    )
+    assert [(o.response.outputs[0].token_ids if o.response else None, o.error, o.final) for o in out] == [
+        ([1, 2], None, False),
+        (None, failure, True),
+    ]
+
+
+def test_a_bare_final_stays_a_bare_final():
+    a = object()
+    assert coalesce([Outgoing(a, None, None, True)]) == [Outgoing(a, None, None, True)]
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 5])
+def test_merged_deltas_carry_every_token_once(split):
+    a = object()
+    ids = list(range(11))
+    chunks = [ids[i : i + split] for i in range(0, len(ids), split)]
+    items = [
+        Outgoing(a, _delta("a", c, finished=i == len(chunks) - 1), None, i == len(chunks) - 1)
+        for i, c in enumerate(chunks)
+    ]
+    # the sender thread drains whatever is queued: any cut of the queue must give the same tokens in order
+    for cut in range(1, len(items) + 1):
+        out = coalesce(items[:cut]) + coalesce(items[cut:])
+        assert [t for o in out for t in o.response.outputs[0].token_ids] == ids
+        assert [o.final for o in out][-1] is True and sum(o.final for o in out) == 1
