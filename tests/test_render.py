@@ -153,6 +153,11 @@ def _config(tmp_path: Path, text: str) -> Path:
             "model: ./m\npostprocess: {class: 'tests.custom_stages:NotSpecs'}\n",
             "postprocess.class: NotSpecs.inputs must be a tuple of core.interface.TensorSpec",
         ),
+        ("model: ./m\nengine_env: {A: 1}\n", "engine_env.A: expected str, got int 1"),
+        (
+            "model: ./m\nengine_env: {'BAD-NAME': '1'}\n",
+            "engine_env.BAD-NAME: not an environment variable name",
+        ),
         (
             "model: ./m\npostprocess: {class: 'tests.custom_stages:Missing'}\n",
             "module 'tests.custom_stages' has no attribute 'Missing'",

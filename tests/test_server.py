@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from tests.triton_helpers import (
     grpc_stream,
     http_generate,
     http_infer,
+    process_group_members,
     sse_events,
     text_of,
 )
@@ -230,3 +232,19 @@ def test_concurrent_streams_arrive_in_order(server, grpc_client):
         with ThreadPoolExecutor(len(prompts)) as pool:
             joined = list(pool.map(stream, prompts))
         assert [j == expected[p] for j, p in zip(joined, prompts, strict=True)] == [True] * len(prompts)
+
+
+def test_the_engine_process_runs_with_the_deployments_engine_env(server):
+    """deployments/default.yaml's engine_env reaches vLLM (set by the core before vLLM starts): the EngineCore
+    inherits OMP_NUM_THREADS, and VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the model in it (no worker process)."""
+    from tools.render_repo import DEFAULT_CONFIG, load_deployment
+
+    engine_env = load_deployment(DEFAULT_CONFIG).engine_env
+    assert engine_env == {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    members = process_group_members(server.process.pid)
+    engines = [pid for pid, comm in members.items() if comm.startswith("VLLM::EngineCor")]  # comm: 15 chars
+    assert len(engines) == 1, members
+    assert not [comm for comm in members.values() if comm.startswith("VLLM::Worker")], members
+    raw = Path(f"/proc/{engines[0]}/environ").read_bytes().split(b"\0")
+    environment = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    assert environment.get("OMP_NUM_THREADS") == "1"
