@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import queue
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import requests
+
+from tools.triton_server import process_table
 
 PLAIN_MODEL = "vllm_model"
 STREAM_MODEL = "vllm_model_stream"
@@ -133,20 +134,7 @@ def grpc_stream(url: str, inputs: list[Any], model: str = STREAM_MODEL, timeout:
 
 def process_group_members(pgid: int) -> dict[int, str]:
     """pid -> command name of every live process in a process group (the server, its stubs, EngineCore)."""
-    members = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid pgrp ..." - comm may contain spaces, so split after the last ')'
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members[int(entry.name)] = comm
-    return members
+    return {pid: p.comm for pid, p in process_table().items() if p.pgid == pgid and p.state != "Z"}
 
 
 def stub_pids(pgid: int) -> set[int]:

@@ -42,12 +42,11 @@ if str(ROOT) not in sys.path:
 
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
-from tools.triton_server import TritonServer, free_port, server_environment  # noqa: E402
+from tools.triton_server import TritonServer, free_port, process_table, server_environment  # noqa: E402
 
 # Engine args shared by every path: the default deployment's, with room for 400-token prompts + 256 new
 # tokens at concurrency 256.
 BENCH_ENGINE_OVERRIDES = {"max_model_len": 1024, "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 256}
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -104,18 +103,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def process_group_cpu(pgid: int) -> float:
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total / CLOCK_TICKS
+    return sum(p.cpu_seconds for p in process_table().values() if p.pgid == pgid)
 
 
 async def run_level(send, prompts: list[list[int]], concurrency: int, total: int, max_tokens: int, progress):

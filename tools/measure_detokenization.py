@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tools.triton_server import process_table  # noqa: E402
+
 PROMPTS = [
     "The quick brown fox",
     "Grüße aus München und",
@@ -44,18 +46,7 @@ RETURN_ALL = [
 
 def _children_cpu() -> float:
     """CPU seconds (user + system) of this process's live children (the EngineCore process)."""
-    total, me, tick = 0.0, str(os.getpid()), os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[1] == me:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    return sum(p.cpu_seconds for p in process_table().values() if p.ppid == os.getpid())
 
 
 def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, float, list[str], int]:

@@ -18,6 +18,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Python backend's thread-pool-size (default 32) caps the BLS calls in flight in a stub: measured on 2.51,
@@ -203,3 +204,30 @@ def _kill_group(pgid: int) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.1)
+
+
+class ProcessStat(NamedTuple):
+    comm: str  # the kernel's 15-character command name
+    state: str
+    ppid: int
+    pgid: int
+    cpu_seconds: float  # user + system
+
+
+def process_table() -> dict[int, ProcessStat]:
+    """Every live process from /proc: the one place the launcher, tests and benchmarks read process groups."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ..." - comm may contain spaces, so split after the last ')'
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        table[int(entry.name)] = ProcessStat(comm, fields[0], int(fields[1]), int(fields[2]), cpu)
+    return table
