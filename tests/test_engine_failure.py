@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from tests.reliability_helpers import render_repository, start_server
+from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
 from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
 
 pytestmark = pytest.mark.server
@@ -152,7 +152,8 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
     import tritonclient.grpc as grpcclient
 
     health = {"restart_engine": True, "max_restarts": 1, "restart_backoff_seconds": 1.0}
-    repository = render_repository(tmp_path / "repository", entry=entry, health=health)
+    metrics = entry == "bls"  # one variant with vLLM's metrics on: the new engine must feed them too
+    repository = render_repository(tmp_path / "repository", entry=entry, health=health, metrics=metrics)
     log = tmp_path / "tritonserver.log"
     server = start_server(repository, log)
     try:
@@ -175,6 +176,16 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
         )
         engines = _engine_cores(server)
         assert len(engines) == 1 and engines[0] != first, engines  # a new EngineCore, the dead one reaped
+        if metrics:
+            successes, settled = None, vllm_metric(scrape(server), "vllm:request_success_total")
+            while settled != successes:  # the requests above are counted (published every 0.2 s)
+                time.sleep(1.0)
+                successes, settled = settled, vllm_metric(scrape(server), "vllm:request_success_total")
+            client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=120)
+            deadline = time.monotonic() + 30
+            while (now := vllm_metric(scrape(server), "vllm:request_success_total")) != successes + 1:
+                assert time.monotonic() < deadline, f"request_success {successes} -> {now} after the restart"
+                time.sleep(0.2)
 
         # a second death within a minute of the restart: with max_restarts=1 the core gives up and stays down
         os.kill(engines[0], signal.SIGKILL)
