@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -94,6 +95,18 @@ REFERENCE = ("Once upon", {"temperature": 0, "max_tokens": 24})
 RESTART_LIMIT_SECONDS = 300  # very generous: a restart is ~10 s of engine start-up on an idle machine
 
 
+def _core_stub_rss_mib(server) -> float:
+    """Resident memory of the vllm_core stub (the process that holds AsyncLLM and rebuilds it on a restart)."""
+    for pid in process_group_members(server.process.pid):
+        try:
+            if "/vllm_core/" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                status = Path(f"/proc/{pid}/status").read_text()
+                return int(status.split("VmRSS:")[1].split()[0]) / 1024
+        except OSError:
+            continue
+    return float("nan")
+
+
 def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     """IN_FLIGHT long plain requests, the EngineCore killed under them; their outcomes after all came back."""
     from tritonclient.utils import InferenceServerException
@@ -161,6 +174,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
         before = client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=120)
         expected = before.as_numpy("text_output")[0].decode("utf-8")
         (first,) = _engine_cores(server)
+        rss_before = _core_stub_rss_mib(server)
 
         killed_at = time.monotonic()
         failed = _kill_in_flight(server, client, first)
@@ -176,6 +190,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
         )
         engines = _engine_cores(server)
         assert len(engines) == 1 and engines[0] != first, engines  # a new EngineCore, the dead one reaped
+        rss_after = _core_stub_rss_mib(server)
         if metrics:
             successes, settled = None, vllm_metric(scrape(server), "vllm:request_success_total")
             while settled != successes:  # the requests above are counted (published every 0.2 s)
@@ -202,7 +217,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
             f"\n{entry}: {len(failed)}/{IN_FLIGHT} in flight failed (the last {max(a for _, a in failed):.2f} s"
             f" after the kill); {len(errors)} request(s) refused while restarting; answered again"
             f" {recovered_seconds:.1f} s after the kill; log: {restart_line.strip()}; gave up after"
-            f" {len(down_errors)} refusal(s)"
+            f" {len(down_errors)} refusal(s); vllm_core stub RSS {rss_before:.0f} -> {rss_after:.0f} MiB (restart)"
         )
         assert server.process.poll() is None, "the server itself must survive"
         client.close()
