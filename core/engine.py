@@ -15,6 +15,7 @@ import locale
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,12 +25,35 @@ from core.protocol import EngineRequest, EngineResponse, SequenceDelta
 from core.token_windows import TokenWindows, decode_options
 
 log = logging.getLogger("vllm_core")
+if not log.handlers:  # the stub's Python configures no logging: warnings would print bare, without a source
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s vllm_core %(levelname)s: %(message)s"))
+    log.addHandler(_handler)
+    log.propagate = False
 
 # emit(response, error, final): exactly one call has final=True; an error call is always final.
 Emit = Callable[[EngineResponse | None, Exception | None, bool], None]
 
 CANCEL_POLL_SECONDS = 0.5
 EARLY_ABORTS_KEPT = 4096
+HEALTH_POLL_SECONDS = 0.25  # how often the supervisor looks at vLLM's own `errored` flag
+DRAIN_SECONDS = 5.0  # after a death, how long in-flight requests get to receive vLLM's EngineDeadError
+STABLE_SECONDS = 60.0  # a restarted engine that dies sooner than this counts as a failed restart
+RESTARTING = "the vLLM engine died and is restarting; retry in a few seconds"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """What to do when the engine dies (deployment key `health`, see tools/render_repo.py).
+
+    Restart k (1-based, counted among restarts in a row that did not hold: the start failed, or the engine died
+    again within STABLE_SECONDS) waits backoff_seconds * 2**(k-1); after max_restarts of them the core gives up
+    and stays UNAVAILABLE, so a crash loop (e.g. a model that kills its EngineCore on every load) does not spin.
+    """
+
+    enabled: bool = True
+    max_restarts: int = 3
+    backoff_seconds: float = 1.0
 
 
 def prepare_process_environment() -> None:
@@ -175,9 +199,15 @@ class Engine:
         lora_adapters: dict[str, str] | None = None,
         offload_detokenization: bool = True,
         stat_loggers: list[Any] | None = None,
+        restart: RestartPolicy | None = None,
     ) -> None:
         prepare_process_environment()
         self._stat_loggers = stat_loggers
+        self._restart = restart or RestartPolicy(enabled=False)
+        # Why new requests are refused while the engine is down (None while it runs); read from any thread.
+        self._down_reason: str | None = None
+        self._restarted_at: float | None = None  # when the current engine came up by a restart
+        self.restarts = 0  # successful restarts so far
         # Let postprocess turn ids into text (postprocess/detokenize.py) unless a request needs vLLM's own
         # detokenizer in this process: stop strings (vLLM must see the text to stop generating).
         self._offload_detokenization = offload_detokenization
@@ -213,12 +243,9 @@ class Engine:
 
     async def _main(self) -> None:
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
+            self._llm = self._new_llm()
             if self._offload_detokenization and self._llm.tokenizer is not None:
                 from postprocess.detokenize import sync_token_ids
 
@@ -229,10 +256,97 @@ class Engine:
             return
         self._started.set()
         self._watcher.start()
+        supervisor = asyncio.ensure_future(self._supervise()) if self._restart.enabled else None
         await self._stop.wait()
+        if supervisor is not None:
+            supervisor.cancel()
+        if self._llm is None:
+            return
         if self._in_flight:
             await self._llm.abort(list(self._in_flight))
         self._llm.shutdown()
+
+    def _new_llm(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
+
+    # Restart after the engine died --------------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        """Watch vLLM's `errored` flag (its own monitor thread sets it when the EngineCore process exits) and
+        replace a dead engine by a new one in this process, with backoff and a bound (RestartPolicy)."""
+        policy = self._restart
+        failures = 0  # restarts in a row that did not hold
+        while not self._closing.is_set():
+            await asyncio.sleep(HEALTH_POLL_SECONDS)
+            if self._llm is None or not self._llm.errored:
+                continue
+            died_at = time.monotonic()
+            held = self._restarted_at is None or died_at - self._restarted_at >= STABLE_SECONDS
+            failures = 0 if held else failures + 1
+            self._down_reason = RESTARTING
+            log.error(
+                "the vLLM engine died; requests in flight get UNAVAILABLE%s",
+                "" if held else f"; the last restart did not hold ({failures} in a row)",
+            )
+            await self._drain()
+            while True:
+                if failures >= policy.max_restarts:
+                    self._down_reason = (
+                        f"the vLLM engine died and {failures} restart(s) in a row failed; it stays down until"
+                        " the server is restarted"
+                    )
+                    log.error("giving up on the vLLM engine after %d failed restart(s) in a row", failures)
+                    return
+                delay = policy.backoff_seconds * 2**failures
+                log.warning(
+                    "restarting the vLLM engine in %.1f s (attempt %d of %d)", delay, failures + 1, policy.max_restarts
+                )
+                await asyncio.sleep(delay)
+                if self._closing.is_set():
+                    return
+                start = time.monotonic()
+                try:
+                    self._replace_llm()
+                except Exception:  # noqa: BLE001 - counted and retried with backoff
+                    failures += 1
+                    log.exception("restarting the vLLM engine failed (%d in a row)", failures)
+                    continue
+                self._restarted_at = time.monotonic()
+                self.restarts += 1
+                self._down_reason = None
+                log.warning(
+                    "the vLLM engine is back: restarted in %.1f s (%.1f s after it died); restart %d",
+                    self._restarted_at - start,
+                    self._restarted_at - died_at,
+                    self.restarts,
+                )
+                break
+
+    async def _drain(self) -> None:
+        """Let in-flight requests receive vLLM's EngineDeadError (UNAVAILABLE) before the loop blocks in the
+        restart; whatever is still live after DRAIN_SECONDS is cancelled (also UNAVAILABLE)."""
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while self._live and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        with self._live_lock:
+            leftovers = [live.task for live in self._live.values() if live.task is not None]
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            await asyncio.gather(*leftovers, return_exceptions=True)
+
+    def _replace_llm(self) -> None:
+        """Blocks the engine loop for the restart (seconds): nothing else can run on it meanwhile, and submit()
+        refuses new requests with `_down_reason` from the callers' threads, so no request waits on it."""
+        old, self._llm = self._llm, None
+        with contextlib.suppress(Exception):  # vLLM already shut the dead client down; free what is left
+            old.shutdown()
+        del old
+        gc.collect()
+        self._llm = self._new_llm()
 
     def shutdown(self) -> None:
         self._closing.set()
@@ -261,7 +375,10 @@ class Engine:
         aborted in vLLM and gets a final Unavailable error. A non-empty `key` lets `cancel_key(key)` abort it.
         """
         if self._loop is None or self._llm is None or self.errored:
-            emit(None, Unavailable("the vLLM engine is not running"), True)
+            reason = self._down_reason
+            if reason is None and self._restart.enabled and not self._closing.is_set():
+                reason = RESTARTING  # it died, and the supervisor has not seen it yet
+            emit(None, Unavailable(reason or "the vLLM engine is not running"), True)
             return None
         request_id = f"triton-{next(self._ids)}"
         with self._live_lock:

@@ -22,7 +22,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from core.coalesce import Outgoing, coalesce
-from core.engine import Engine, prepare_process_environment
+from core.engine import Engine, RestartPolicy, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.metrics import COUNTERS, GAUGES, HISTOGRAMS, StatsBuffer, stat_logger_factory
@@ -227,8 +227,17 @@ class CoreModel:
         if _config_parameter(model_config, "metrics_enabled", "false") == "true":
             self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
             stat_loggers = [stat_logger_factory(self._metrics.buffer)]
+        # Triton 2.51's Python backend cannot mark the model not ready: the engine restarts itself instead.
+        restart = RestartPolicy(
+            enabled=_config_parameter(model_config, "restart_engine", "false") == "true",
+            max_restarts=int(_config_parameter(model_config, "max_engine_restarts", "3")),
+            backoff_seconds=float(_config_parameter(model_config, "restart_backoff_seconds", "1.0")),
+        )
         self.engine = Engine(
-            load_engine_args(model_dir / ENGINE_ARGS_FILE), lora_adapters=loras, stat_loggers=stat_loggers
+            load_engine_args(model_dir / ENGINE_ARGS_FILE),
+            lora_adapters=loras,
+            stat_loggers=stat_loggers,
+            restart=restart,
         )
         self.engine.start()
         if self._metrics is not None:

@@ -2,7 +2,8 @@
 Python backend, real vLLM CPU engines: one per deployment) answering real requests.
 
 The tiny default example renders the checked-in repository (tests/test_examples.py), which the session server
-of tests/test_server.py serves; the GPU and VLM examples are rendered only.
+of tests/test_server.py serves; tests/test_vision.py serves the vision-language example; the GPU examples are
+rendered only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The vLLM engine dies for real (its EngineCore process is killed): in-flight and new requests get UNAVAILABLE
-quickly, on both public models, without explicit model control. A private server: this test breaks it."""
+quickly, on both public models, without explicit model control; with the deployment's `health.restart_engine`
+(the default) the core starts a new engine in-process and answers again, and gives up after
+`health.max_restarts` restarts in a row that do not hold. A private server per test: these tests break it."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.reliability_helpers import render_repository, start_server
+from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
 from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
 
 pytestmark = pytest.mark.server
@@ -21,17 +24,21 @@ IN_FLIGHT = 8
 QUICK_SECONDS = 30  # generous on a shared machine; a hang would be the 120 s client timeout
 
 
+def _engine_cores(server) -> list[int]:
+    # comm is cut to 15 chars: VLLM::EngineCor
+    return [pid for pid, comm in process_group_members(server.process.pid).items() if "EngineCor" in comm]
+
+
 @pytest.mark.parametrize("entry", ["ensemble", "bls"])
 def test_killed_engine_gives_unavailable_in_flight_and_after(tiny_model, tmp_path, entry):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    repository = render_repository(tmp_path / "repository", entry=entry)
+    # restart off: the engine stays dead, as Triton 2.51's Python backend cannot mark the core not ready
+    repository = render_repository(tmp_path / "repository", entry=entry, health={"restart_engine": False})
     server = start_server(repository, tmp_path / "tritonserver.log")
     try:
-        engines = [
-            pid for pid, comm in process_group_members(server.process.pid).items() if "EngineCor" in comm
-        ]  # comm is cut to 15 chars: VLLM::EngineCor
+        engines = _engine_cores(server)
         assert len(engines) == 1, process_group_members(server.process.pid)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         outcomes: list[tuple[object, float]] = []
@@ -78,6 +85,140 @@ def test_killed_engine_gives_unavailable_in_flight_and_after(tiny_model, tmp_pat
             f" {plain_seconds:.2f} s; /v2/models/vllm_core/ready -> {ready}"
         )
         assert in_flight_seconds < QUICK_SECONDS and plain_seconds < QUICK_SECONDS
+        assert server.process.poll() is None, "the server itself must survive"
+        client.close()
+    finally:
+        server.stop()
+
+
+REFERENCE = ("Once upon", {"temperature": 0, "max_tokens": 24})
+RESTART_LIMIT_SECONDS = 300  # very generous: a restart is ~10 s of engine start-up on an idle machine
+
+
+def _core_stub_rss_mib(server) -> float:
+    """Resident memory of the vllm_core stub (the process that holds AsyncLLM and rebuilds it on a restart)."""
+    for pid in process_group_members(server.process.pid):
+        try:
+            if "/vllm_core/" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                status = Path(f"/proc/{pid}/status").read_text()
+                return int(status.split("VmRSS:")[1].split()[0]) / 1024
+        except OSError:
+            continue
+    return float("nan")
+
+
+def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
+    """IN_FLIGHT long plain requests, the EngineCore killed under them; their outcomes after all came back."""
+    from tritonclient.utils import InferenceServerException
+
+    outcomes: list[tuple[object, float]] = []
+
+    def plain() -> None:
+        try:
+            client.infer(PLAIN_MODEL, grpc_inputs("Once upon", LONG), client_timeout=120)
+            outcomes.append(("finished", time.monotonic()))
+        except InferenceServerException as exc:
+            outcomes.append((exc, time.monotonic()))
+
+    threads = [threading.Thread(target=plain) for _ in range(IN_FLIGHT)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.7)
+    killed_at = time.monotonic()
+    os.kill(engine, signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=130)
+    assert not any(t.is_alive() for t in threads), "an in-flight request hung"
+    failed = [(e, at - killed_at) for e, at in outcomes if e != "finished"]
+    assert failed, "every in-flight request finished before the kill: make them longer"
+    assert all(e.status() == "StatusCode.UNAVAILABLE" for e, _ in failed), failed
+    assert max(after for _, after in failed) < QUICK_SECONDS
+    return failed
+
+
+def _poll(client, until: str) -> tuple[list[str], str | None]:
+    """Send the reference request every 0.5 s until it succeeds (until="success") or its error message contains
+    `until`; every other answer must be a quick UNAVAILABLE. (The errors seen, the text or None.)"""
+    from tritonclient.utils import InferenceServerException
+
+    errors: list[str] = []
+    deadline = time.monotonic() + RESTART_LIMIT_SECONDS
+    while time.monotonic() < deadline:
+        start = time.monotonic()
+        try:
+            result = client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=60)
+        except InferenceServerException as exc:
+            assert time.monotonic() - start < QUICK_SECONDS, f"a request waited {time.monotonic() - start:.1f} s"
+            assert exc.status() == "StatusCode.UNAVAILABLE", exc
+            errors.append(exc.message())
+            if until != "success" and until in exc.message():
+                return errors, None
+            time.sleep(0.5)
+            continue
+        assert until == "success", f"answered while the engine should be down: {errors}"
+        return errors, result.as_numpy("text_output")[0].decode("utf-8")
+    pytest.fail(f"no {until!r} within {RESTART_LIMIT_SECONDS} s; errors: {errors[-3:]}")
+
+
+@pytest.mark.parametrize("entry", ["ensemble", "bls"])
+def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_path, entry):
+    import tritonclient.grpc as grpcclient
+
+    health = {"restart_engine": True, "max_restarts": 1, "restart_backoff_seconds": 1.0}
+    metrics = entry == "bls"  # one variant with vLLM's metrics on: the new engine must feed them too
+    repository = render_repository(tmp_path / "repository", entry=entry, health=health, metrics=metrics)
+    log = tmp_path / "tritonserver.log"
+    server = start_server(repository, log)
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        before = client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=120)
+        expected = before.as_numpy("text_output")[0].decode("utf-8")
+        (first,) = _engine_cores(server)
+        rss_before = _core_stub_rss_mib(server)
+
+        killed_at = time.monotonic()
+        failed = _kill_in_flight(server, client, first)
+        errors, text = _poll(client, until="success")
+        recovered_seconds = time.monotonic() - killed_at
+        # requests that came while it restarted were told so; after it, the same request gets the same answer
+        assert errors and all("restarting" in message for message in errors), errors
+        assert text == expected
+        streamed = grpc_stream(server.grpc_url, grpc_inputs(*REFERENCE, stream=True), model=STREAM_MODEL)
+        assert (
+            "".join(o["text_output"][0].decode() for o, _ in streamed if "text_output" in o)
+            == expected[len(REFERENCE[0]) :]
+        )
+        engines = _engine_cores(server)
+        assert len(engines) == 1 and engines[0] != first, engines  # a new EngineCore, the dead one reaped
+        rss_after = _core_stub_rss_mib(server)
+        if metrics:
+            successes, settled = None, vllm_metric(scrape(server), "vllm:request_success_total")
+            while settled != successes:  # the requests above are counted (published every 0.2 s)
+                time.sleep(1.0)
+                successes, settled = settled, vllm_metric(scrape(server), "vllm:request_success_total")
+            client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=120)
+            deadline = time.monotonic() + 30
+            while (now := vllm_metric(scrape(server), "vllm:request_success_total")) != successes + 1:
+                assert time.monotonic() < deadline, f"request_success {successes} -> {now} after the restart"
+                time.sleep(0.2)
+
+        # a second death within a minute of the restart: with max_restarts=1 the core gives up and stays down
+        os.kill(engines[0], signal.SIGKILL)
+        down_errors, _ = _poll(client, until="stays down")
+        time.sleep(3)  # longer than the backoff: no further restart is attempted
+        with pytest.raises(Exception, match="stays down"):
+            client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=60)
+        assert _engine_cores(server) == []
+        text_log = log.read_text(errors="replace")
+        assert "the vLLM engine is back: restarted in" in text_log
+        assert "giving up on the vLLM engine after 1 failed restart(s) in a row" in text_log
+        restart_line = next(line for line in text_log.splitlines() if "the vLLM engine is back" in line)
+        print(
+            f"\n{entry}: {len(failed)}/{IN_FLIGHT} in flight failed (the last {max(a for _, a in failed):.2f} s"
+            f" after the kill); {len(errors)} request(s) refused while restarting; answered again"
+            f" {recovered_seconds:.1f} s after the kill; log: {restart_line.strip()}; gave up after"
+            f" {len(down_errors)} refusal(s); vllm_core stub RSS {rss_before:.0f} -> {rss_after:.0f} MiB (restart)"
+        )
         assert server.process.poll() is None, "the server itself must survive"
         client.close()
     finally:

@@ -1,5 +1,6 @@
 """Every example deployment renders (what CI checks for the GPU-only ones); the CPU-runnable ones are served for
-real in tests/test_deployments.py."""
+real: tiny.yaml is the session server's repository (tests/test_server.py), multi-lora.yaml and openai.yaml are
+served by tests/test_deployments.py, vision-language.yaml by tests/test_vision.py."""
 
 from __future__ import annotations
 
@@ -73,7 +74,10 @@ def test_vision_language_example_passes_image_limits_to_preprocess(tmp_path: Pat
     settings = json.loads(files["preprocess/1/stage.json"])["settings"]
     assert (settings["max_image_bytes"], settings["max_image_pixels"], settings["max_images"]) == (4194304, 1048576, 2)
     assert settings["allow_request_chat_template"] is False
-    assert json.loads(files["vllm_core/1/model.json"])["limit_mm_per_prompt"] == {"image": 2}
+    assert settings["image_placeholder"] == "<image>"
+    engine_args = json.loads(files["vllm_core/1/model.json"])
+    assert engine_args["limit_mm_per_prompt"] == {"image": 2}
+    assert engine_args["dtype"] == "float32"  # tests/test_vision.py compares its answers exactly with vLLM offline
 
 
 def test_openai_example_outputs_one_chat_completion_tensor(tmp_path: Path):

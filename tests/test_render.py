@@ -60,6 +60,18 @@ def _config(tmp_path: Path, text: str) -> Path:
         ),
         ("model: ./m\nmetrics: 'yes'\n", "metrics: expected bool, got str 'yes'"),
         ("model: ./m\nmetric: true\n", "metric: unknown key; did you mean 'metrics'?"),
+        (
+            "model: ./m\nhealth: {restart_engin: true}\n",
+            "health.restart_engin: unknown key; did you mean 'restart_engine'?",
+        ),
+        ("model: ./m\nhealth: {restart_engine: 'on'}\n", "health.restart_engine: expected bool, got str 'on'"),
+        ("model: ./m\nhealth: {max_restarts: 2.5}\n", "health.max_restarts: expected int, got float 2.5"),
+        ("model: ./m\nhealth: {max_restarts: 0}\n", "health.max_restarts: must be >= 1 (to never restart, set"),
+        (
+            "model: ./m\nhealth: {restart_backoff_seconds: true}\n",
+            "health.restart_backoff_seconds: expected float, got bool True",
+        ),
+        ("model: ./m\nhealth: {restart_backoff_seconds: -1}\n", "health.restart_backoff_seconds: must be between"),
         ("model: ./m\nimages: {max_byte: 10}\n", "images.max_byte: unknown key; did you mean 'max_bytes'?"),
         ("model: ./m\nimages: {max_pixels: 1.5}\n", "images.max_pixels: expected int, got float 1.5"),
         ("model: ./m\nimages: {max_images: 0}\n", "images.max_images: must be >= 1"),
@@ -228,6 +240,13 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     assert (settings["max_image_bytes"], settings["max_image_pixels"], settings["max_images"]) == (1000, 4096, 2)
     core = files["vllm_core/config.pbtxt"]
     assert 'key: "metrics_enabled"\n  value {\n    string_value: "false"' in core
+    # health left out: restart on, 3 restarts, 1 s backoff
+    for key, value in (("restart_engine", "true"), ("max_engine_restarts", "3"), ("restart_backoff_seconds", "1.0")):
+        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in core
+    health = "model: ./m\nhealth: {restart_engine: false, max_restarts: 5, restart_backoff_seconds: 2}\n"
+    core = render(load_deployment(_config(tmp_path, health)), tmp_path / "h")["vllm_core/config.pbtxt"]
+    for key, value in (("restart_engine", "false"), ("max_engine_restarts", "5"), ("restart_backoff_seconds", "2.0")):
+        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in core
     inline = render(load_deployment(_config(tmp_path, "model: ./m\nchat_template: {inline: 'T'}\n")), tmp_path / "r")
     settings = json.loads(inline["preprocess/1/stage.json"])["settings"]
     assert (settings["chat_template"], settings["allow_request_chat_template"]) == ("T", False)

@@ -50,6 +50,11 @@ def deployments(draw: st.DrawFn, runnable: bool = False) -> dict[str, Any]:
         "postprocess": {"class": draw(POSTPROCESS)},
         "generate": {"instances": draw(st.integers(1, 2)), "max_in_flight": draw(st.integers(1, 600))},
         "metrics": draw(st.booleans()),
+        "health": {
+            "restart_engine": draw(st.booleans()),
+            "max_restarts": draw(st.integers(1, 10)),
+            "restart_backoff_seconds": draw(st.sampled_from([0, 0.5, 1.0, 30])),
+        },
     }
     if draw(st.booleans()):
         config["postprocess"] = {

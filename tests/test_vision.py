@@ -1,5 +1,6 @@
 """A vision-language model end to end: the tiny LLaVA (built offline) behind its own tritonserver, rendered from
-deployments/tiny-llava.yaml, against vLLM's own offline output for the same images and prompts."""
+the example deployments/examples/vision-language.yaml as it is, against vLLM's own offline output for the same
+images and prompts."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def test_the_hook_serves_the_pillow_twin_only_without_torchvision():
 def vlm_repository(tmp_path_factory):
     build_tiny_llava(TINY_LLAVA_DIR)
     out = tmp_path_factory.mktemp("vlm") / "model_repository"
-    deployment = render_repo.load_deployment(render_repo.ROOT / "deployments" / "tiny-llava.yaml")
+    deployment = render_repo.load_deployment(render_repo.ROOT / "deployments" / "examples" / "vision-language.yaml")
     render_repo.write(render_repo.render(deployment, out), out)
     return out
 

@@ -100,6 +100,15 @@ class ImagesConfig:
 
 
 @dataclass
+class HealthConfig:
+    # What the core does when vLLM's engine dies (its EngineCore process crashes or is killed). Triton 2.51's
+    # Python backend cannot mark a model not ready, so without a restart the core answers UNAVAILABLE forever.
+    restart_engine: bool = True
+    max_restarts: int = 3  # restarts in a row that do not hold (fail, or die within a minute) before giving up
+    restart_backoff_seconds: float = 1.0  # wait before restart k: this x 2^(k-1)
+
+
+@dataclass
 class Deployment:
     model: str
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -114,6 +123,7 @@ class Deployment:
     # Environment variables for the engine's process, set by the core before vLLM starts (the EngineCore inherits
     # them): vLLM's own knobs that are not engine args, e.g. OMP_NUM_THREADS or VLLM_CPU_OMP_THREADS_BIND.
     engine_env: dict[str, str] = field(default_factory=dict)
+    health: HealthConfig = field(default_factory=HealthConfig)
     # "ensemble": the public names are ensembles (pre -> core/generate -> post). "bls": they are Python entry
     # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
     # the engine request on Triton 2.51 (an ensemble step never sees it; DESIGN.md rule 5).
@@ -159,8 +169,9 @@ _NESTED = {
     "GenerateConfig": GenerateConfig,
     "ChatTemplateConfig": ChatTemplateConfig,
     "ImagesConfig": ImagesConfig,
+    "HealthConfig": HealthConfig,
 }
-_SCALARS = {"str": str, "int": int, "bool": bool, "dict[str, Any]": dict, "dict[str, str]": dict}
+_SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict[str, Any]": dict, "dict[str, str]": dict}
 
 
 def _typed(annotation: str, value: Any, where: str) -> Any:
@@ -171,7 +182,7 @@ def _typed(annotation: str, value: Any, where: str) -> Any:
     if annotation in _NESTED:
         return _build(_NESTED[annotation], value, where)
     expected = _SCALARS[annotation]
-    if expected is int and isinstance(value, bool) or not isinstance(value, expected):
+    if expected is not bool and isinstance(value, bool) or not isinstance(value, expected):
         shown = "null" if value is None else f"{type(value).__name__} {value!r}"
         raise ConfigError(f"{where}: expected {annotation}, got {shown}")
     if isinstance(value, dict):
@@ -283,6 +294,10 @@ def check_deployment(deployment: Deployment) -> None:
             raise ConfigError(
                 f"chat_template.file: no such file {template.file!r} (relative to the config file's folder)"
             )
+    if deployment.health.max_restarts < 1:
+        raise ConfigError("health.max_restarts: must be >= 1 (to never restart, set health.restart_engine: false)")
+    if not 0 <= deployment.health.restart_backoff_seconds <= 3600:
+        raise ConfigError("health.restart_backoff_seconds: must be between 0 and 3600")
     if deployment.images is not None:
         for f in fields(ImagesConfig):
             value = getattr(deployment.images, f.name)
@@ -619,6 +634,9 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         parameters={  # read by the core's adapter
             "metrics_enabled": "true" if deployment.metrics else "false",
             "engine_env": json.dumps(deployment.engine_env, sort_keys=True, separators=(",", ":")),
+            "restart_engine": "true" if deployment.health.restart_engine else "false",
+            "max_engine_restarts": str(deployment.health.max_restarts),
+            "restart_backoff_seconds": str(float(deployment.health.restart_backoff_seconds)),
         },
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
