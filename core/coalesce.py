@@ -57,3 +57,43 @@ def coalesce(items: list[Outgoing]) -> list[Outgoing]:
         if pending:
             out.append(Outgoing(sender, _merged(pending), None, False))
     return out
+
+
+class StreamPacer:
+    """Holds each request's queued responses until they are due, then hands them out merged.
+
+    A request's responses are due when one of them is final (or an error), or when `interval` seconds have
+    passed since its previous send; the first response of a request is due at once. interval 0: always due.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._pending: dict[int, list[Outgoing]] = {}  # id(sender) -> its responses not sent yet, in order
+        self._last_sent: dict[int, float] = {}  # id(sender) -> when its previous response went (live requests)
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def add(self, item: Outgoing) -> None:
+        self._pending.setdefault(id(item.sender), []).append(item)
+
+    def wait_seconds(self, now: float) -> float | None:
+        """How long until the next held response is due (None: nothing is held)."""
+        if not self._pending:
+            return None
+        return max(0.0, min(self._last_sent.get(key, -self.interval) + self.interval for key in self._pending) - now)
+
+    def take_due(self, now: float, everything: bool = False) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        for key in list(self._pending):
+            items = self._pending[key]
+            last = self._last_sent.get(key, -self.interval)
+            if not (everything or items[-1].final or now - last >= self.interval):
+                continue
+            del self._pending[key]
+            out.extend(coalesce(items))
+            if items[-1].final:
+                self._last_sent.pop(key, None)
+            else:
+                self._last_sent[key] = now
+        return out

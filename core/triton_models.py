@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from core.coalesce import Outgoing, coalesce
+from core.coalesce import Outgoing, StreamPacer
 from core.engine import Engine, RestartPolicy, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
@@ -244,36 +244,51 @@ class CoreModel:
             self._metrics.start()
         # Responses are built and sent from this thread, so the engine's event loop never waits on Triton IPC,
         # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py).
+        self.stream_interval = int(_config_parameter(model_config, "stream_interval_ms", "0")) / 1000
         self._outbox: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
-        self._sender_thread = threading.Thread(target=self._send_loop, name="vllm-core-sender", daemon=True)
+        self._sender_thread = threading.Thread(
+            target=self._send_loop, args=(self._outbox,), name="vllm-core-sender", daemon=True
+        )
         self._sender_thread.start()
 
     # At most this many queued responses are coalesced per pass, so one pass never holds the others for long.
     MAX_DRAIN = 1024
 
-    def _send_loop(self) -> None:
-        final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        while True:
-            batch = [self._outbox.get()]
-            while len(batch) < self.MAX_DRAIN:
-                try:
-                    batch.append(self._outbox.get_nowait())
-                except queue.Empty:
-                    break
-            for item in coalesce([item for item in batch if item is not None]):
-                try:
-                    if item.error is not None:
-                        response = pb_utils.InferenceResponse(error=_triton_error(item.error, item.sender.tagged))
-                    elif item.response is not None:
-                        tensor = _string_tensor(ENGINE_RESPONSE.name, item.response.to_json())
-                        response = pb_utils.InferenceResponse(output_tensors=[tensor])
-                    else:
-                        response = None
-                    item.sender.send(response, flags=final_flag if item.final else 0)
-                except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
-                    self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
-            if None in batch:  # finalize
-                return
+    def _post(self, item: Outgoing) -> None:
+        self._outbox.put(item)
+
+    def _send_loop(self, outbox: queue.SimpleQueue[Outgoing | None]) -> None:
+        """Send each request's queued responses merged, at most one per stream interval (core/coalesce.py)."""
+        pacer = StreamPacer(self.stream_interval)
+        stopping = False
+        while not stopping or pacer:
+            batch: list[Outgoing | None] = []
+            try:
+                batch.append(outbox.get(timeout=pacer.wait_seconds(time.monotonic())))
+                while len(batch) < self.MAX_DRAIN:
+                    batch.append(outbox.get_nowait())
+            except queue.Empty:
+                pass
+            for item in batch:
+                if item is None:
+                    stopping = True
+                else:
+                    pacer.add(item)
+            for item in pacer.take_due(time.monotonic(), everything=stopping):
+                self._send(item)
+
+    def _send(self, item: Outgoing) -> None:
+        try:
+            if item.error is not None:
+                response = pb_utils.InferenceResponse(error=_triton_error(item.error, item.sender.tagged))
+            elif item.response is not None:
+                tensor = _string_tensor(ENGINE_RESPONSE.name, item.response.to_json())
+                response = pb_utils.InferenceResponse(output_tensors=[tensor])
+            else:
+                response = None
+            item.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if item.final else 0)
+        except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
+            self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -282,7 +297,7 @@ class CoreModel:
             if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
                 for key in str(parameters[ABORT_PARAMETER]).split(","):
                     self.engine.cancel_key(key)
-                self._outbox.put(Outgoing(sender, None, None, True))
+                self._post(Outgoing(sender, None, None, True))
                 continue
             try:
                 tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
@@ -299,14 +314,14 @@ class CoreModel:
         return None
 
     def _reply_error(self, sender: Any, exc: BaseException) -> None:
-        self._outbox.put(Outgoing(sender, None, exc, True))
+        self._post(Outgoing(sender, None, exc, True))
 
     def _emitter(self, sender: Any):
         def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
             if error is not None:
                 self._reply_error(sender, error)
             else:
-                self._outbox.put(Outgoing(sender, response, None, final))
+                self._post(Outgoing(sender, response, None, final))
 
         return emit
 

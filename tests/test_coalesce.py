@@ -88,3 +88,48 @@ def test_merged_deltas_carry_every_token_once(split):
         out = coalesce(items[:cut]) + coalesce(items[cut:])
         assert [t for o in out for t in o.response.outputs[0].token_ids] == ids
         assert [o.final for o in out][-1] is True and sum(o.final for o in out) == 1
+
+
+def test_the_pacer_sends_a_requests_first_delta_and_its_final_at_once_and_holds_the_rest():
+    from core.coalesce import StreamPacer
+
+    a = object()
+    pacer = StreamPacer(interval=0.02)
+    pacer.add(Outgoing(a, _delta("a", [1]), None, False))
+    first = pacer.take_due(now=100.0)
+    assert [o.response.outputs[0].token_ids for o in first] == [[1]]  # the first delta never waits
+    pacer.add(Outgoing(a, _delta("a", [2]), None, False))
+    pacer.add(Outgoing(a, _delta("a", [3]), None, False))
+    assert pacer.take_due(now=100.01) == []  # within the interval: held
+    assert pacer.wait_seconds(now=100.01) == pytest.approx(0.01)
+    due = pacer.take_due(now=100.025)
+    assert [(o.response.outputs[0].token_ids, o.final) for o in due] == [([2, 3], False)]
+    pacer.add(Outgoing(a, _delta("a", [4]), None, False))
+    pacer.add(Outgoing(a, _delta("a", [5], finished=True), None, True))
+    final = pacer.take_due(now=100.026)  # the final never waits, and takes what was held with it
+    assert [(o.response.outputs[0].token_ids, o.final) for o in final] == [([4, 5], True)]
+    assert not pacer and pacer.wait_seconds(now=101.0) is None
+
+
+def test_the_pacer_with_interval_zero_holds_nothing_and_errors_go_at_once():
+    from core.coalesce import StreamPacer
+
+    a, b = object(), object()
+    pacer = StreamPacer(interval=0.0)
+    pacer.add(Outgoing(a, _delta("a", [1]), None, False))
+    assert len(pacer.take_due(now=1.0)) == 1
+    pacer.add(Outgoing(a, _delta("a", [2]), None, False))
+    assert len(pacer.take_due(now=1.0)) == 1
+    slow = StreamPacer(interval=10.0)
+    slow.add(Outgoing(b, _delta("b", [1]), None, False))
+    slow.take_due(now=0.0)
+    slow.add(Outgoing(b, _delta("b", [2]), None, False))
+    failure = RuntimeError("engine died")
+    slow.add(Outgoing(b, None, failure, True))
+    out = slow.take_due(now=0.001)
+    assert [(o.error, o.final) for o in out] == [(None, False), (failure, True)]
+    slow.add(Outgoing(a, _delta("a", [9]), None, False))
+    slow.add(Outgoing(a, _delta("a", [10]), None, False))
+    assert len(slow.take_due(now=0.002)) == 1  # a's first delta(s): at once
+    slow.add(Outgoing(a, _delta("a", [11]), None, False))
+    assert slow.take_due(now=0.003) == [] and len(slow.take_due(now=0.003, everything=True)) == 1  # shutdown

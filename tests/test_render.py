@@ -166,6 +166,7 @@ def _config(tmp_path: Path, text: str) -> Path:
             "postprocess.class: NotSpecs.inputs must be a tuple of core.interface.TensorSpec",
         ),
         ("model: ./m\nengine_env: {A: 1}\n", "engine_env.A: expected str, got int 1"),
+        ("model: ./m\nstream_interval_ms: 5000\n", "stream_interval_ms: 5000 is outside 0..1000"),
         (
             "model: ./m\nengine_env: {'BAD-NAME': '1'}\n",
             "engine_env.BAD-NAME: not an environment variable name",

@@ -123,6 +123,9 @@ class Deployment:
     # Environment variables for the engine's process, set by the core before vLLM starts (the EngineCore inherits
     # them): vLLM's own knobs that are not engine args, e.g. OMP_NUM_THREADS or VLLM_CPU_OMP_THREADS_BIND.
     engine_env: dict[str, str] = field(default_factory=dict)
+    # A stream's deltas of one request are sent at most once per this many ms (merged; the first and the final
+    # never wait). 0: every delta as soon as the core's sender is free (queued ones still merge).
+    stream_interval_ms: int = 0
     health: HealthConfig = field(default_factory=HealthConfig)
     # "ensemble": the public names are ensembles (pre -> core/generate -> post). "bls": they are Python entry
     # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
@@ -280,6 +283,8 @@ def check_deployment(deployment: Deployment) -> None:
     if duplicates:
         raise ConfigError(f"names: model names must differ, {duplicates} used twice; rename one of them")
     _check_engine_args(deployment)
+    if not 0 <= deployment.stream_interval_ms <= 1000:
+        raise ConfigError(f"stream_interval_ms: {deployment.stream_interval_ms} is outside 0..1000")
     for key in deployment.engine_env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"engine_env.{key}: not an environment variable name (letters, digits, _)")
@@ -634,6 +639,7 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         parameters={  # read by the core's adapter
             "metrics_enabled": "true" if deployment.metrics else "false",
             "engine_env": json.dumps(deployment.engine_env, sort_keys=True, separators=(",", ":")),
+            "stream_interval_ms": str(deployment.stream_interval_ms),
             "restart_engine": "true" if deployment.health.restart_engine else "false",
             "max_engine_restarts": str(deployment.health.max_restarts),
             "restart_backoff_seconds": str(float(deployment.health.restart_backoff_seconds)),
