@@ -246,27 +246,22 @@ class CoreModel:
         # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py).
         self.stream_interval = int(_config_parameter(model_config, "stream_interval_ms", "0")) / 1000
         self._outbox: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
-        self._sender_thread = threading.Thread(
-            target=self._send_loop, args=(self._outbox,), name="vllm-core-sender", daemon=True
-        )
+        self._sender_thread = threading.Thread(target=self._send_loop, name="vllm-core-sender", daemon=True)
         self._sender_thread.start()
 
     # At most this many queued responses are coalesced per pass, so one pass never holds the others for long.
     MAX_DRAIN = 1024
 
-    def _post(self, item: Outgoing) -> None:
-        self._outbox.put(item)
-
-    def _send_loop(self, outbox: queue.SimpleQueue[Outgoing | None]) -> None:
+    def _send_loop(self) -> None:
         """Send each request's queued responses merged, at most one per stream interval (core/coalesce.py)."""
         pacer = StreamPacer(self.stream_interval)
         stopping = False
         while not stopping or pacer:
             batch: list[Outgoing | None] = []
             try:
-                batch.append(outbox.get(timeout=pacer.wait_seconds(time.monotonic())))
+                batch.append(self._outbox.get(timeout=pacer.wait_seconds(time.monotonic())))
                 while len(batch) < self.MAX_DRAIN:
-                    batch.append(outbox.get_nowait())
+                    batch.append(self._outbox.get_nowait())
             except queue.Empty:
                 pass
             for item in batch:
@@ -297,7 +292,7 @@ class CoreModel:
             if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
                 for key in str(parameters[ABORT_PARAMETER]).split(","):
                     self.engine.cancel_key(key)
-                self._post(Outgoing(sender, None, None, True))
+                self._outbox.put(Outgoing(sender, None, None, True))
                 continue
             try:
                 tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
@@ -314,14 +309,14 @@ class CoreModel:
         return None
 
     def _reply_error(self, sender: Any, exc: BaseException) -> None:
-        self._post(Outgoing(sender, None, exc, True))
+        self._outbox.put(Outgoing(sender, None, exc, True))
 
     def _emitter(self, sender: Any):
         def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
             if error is not None:
                 self._reply_error(sender, error)
             else:
-                self._post(Outgoing(sender, response, None, final))
+                self._outbox.put(Outgoing(sender, response, None, final))
 
         return emit
 

@@ -41,28 +41,8 @@ def test_killed_engine_gives_unavailable_in_flight_and_after(tiny_model, tmp_pat
         engines = _engine_cores(server)
         assert len(engines) == 1, process_group_members(server.process.pid)
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        outcomes: list[tuple[object, float]] = []
-
-        def plain() -> None:
-            try:
-                client.infer(PLAIN_MODEL, grpc_inputs("Once upon", LONG), client_timeout=120)
-                outcomes.append(("finished", time.monotonic()))
-            except InferenceServerException as exc:
-                outcomes.append((exc, time.monotonic()))
-
-        threads = [threading.Thread(target=plain) for _ in range(IN_FLIGHT)]
-        for thread in threads:
-            thread.start()
-        time.sleep(0.7)
-        killed_at = time.monotonic()
-        os.kill(engines[0], signal.SIGKILL)
-        for thread in threads:
-            thread.join(timeout=130)
-        assert not any(t.is_alive() for t in threads), "an in-flight request hung"
-        failed = [(e, at) for e, at in outcomes if e != "finished"]
-        assert failed, "every in-flight request finished before the kill: make them longer"
-        assert all(e.status() == "StatusCode.UNAVAILABLE" for e, _ in failed), failed
-        in_flight_seconds = max(at for _, at in failed) - killed_at
+        failed = _kill_in_flight(server, client, engines[0])
+        in_flight_seconds = max(after for _, after in failed)
 
         start = time.monotonic()
         with pytest.raises(InferenceServerException) as plain_error:
