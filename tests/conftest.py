@@ -14,7 +14,7 @@ import pytest
 from tests.triton_helpers import REFERENCE_MAX_TOKENS, REFERENCE_PROMPTS
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL_DIR
 from tools.build_tiny_model import build as build_tiny_model
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import start_on_free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -64,15 +64,7 @@ def offline_outputs(offline_reference_process) -> list[dict]:
 @pytest.fixture(scope="session")
 def server(tiny_model: Path, offline_reference_process, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    instance = TritonServer(
-        REPOSITORY,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-        log_file=log,
-        exit_timeout_secs=10,
-    )
-    instance.startup_seconds = instance.start_and_wait(timeout=600)
+    instance = start_on_free_ports(REPOSITORY, log, exit_timeout_secs=10)
     yield instance
     instance.stop()
 

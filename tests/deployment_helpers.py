@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from tools.render_repo import Deployment, Names, render, write
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import TritonServer, start_on_free_ports
 
 
 def with_own_internal_names(deployment: Deployment) -> Deployment:
@@ -28,22 +28,16 @@ def render_together(deployments: list[Deployment], out: Path) -> dict[str, str]:
 
 
 def start_server(repository: Path, log: Path, timeout: float = 900) -> TritonServer:
-    server = TritonServer(
-        repository,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-        log_file=log,
-        exit_timeout_secs=10,
-        # One model at a time: with three vLLM engines starting at once in one server, one engine's start-up
-        # hung (seen once, after its EngineCore had started; cause not found). Serial loads avoid the overlap.
-        extra_args=["--model-load-thread-count=1"],
-    )
-    server.start()
     try:
-        server.wait_ready(timeout=timeout)
-    except BaseException as exc:
-        server.stop()
+        return start_on_free_ports(
+            repository,
+            log,
+            timeout,
+            exit_timeout_secs=10,
+            # One model at a time: with three vLLM engines starting at once in one server, one engine's start-up
+            # hung (seen once, after its EngineCore had started; cause not found). Serial loads avoid the overlap.
+            extra_args=["--model-load-thread-count=1"],
+        )
+    except Exception as exc:
         errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("E")]
         raise RuntimeError(f"{exc}; the log's errors:\n" + "\n".join(errors[-20:])) from exc
-    return server

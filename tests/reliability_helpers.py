@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from tools import render_repo
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import TritonServer, start_on_free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,21 +28,7 @@ def render_repository(out: Path, *, entry: str = "bls", **overrides: object) -> 
 
 
 def start_server(repository: Path, log: Path, exit_timeout_secs: int = 10) -> TritonServer:
-    server = TritonServer(
-        repository,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-        log_file=log,
-        exit_timeout_secs=exit_timeout_secs,
-    )
-    server.start()
-    try:
-        server.wait_ready(timeout=600)
-    except Exception:
-        server.stop()
-        raise
-    return server
+    return start_on_free_ports(repository, log, exit_timeout_secs=exit_timeout_secs)
 
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")

@@ -17,7 +17,7 @@ from tests.triton_helpers import http_generate
 from tools import render_repo
 from tools.build_tiny_llava import DEFAULT_OUT as TINY_LLAVA_DIR
 from tools.build_tiny_llava import build as build_tiny_llava
-from tools.triton_server import TritonServer, free_port
+from tools.triton_server import start_on_free_ports
 
 pytestmark = pytest.mark.server
 
@@ -100,30 +100,11 @@ def vlm_offline(vlm_repository, tmp_path_factory):
 @pytest.fixture(scope="module")
 def vlm_server(vlm_repository, vlm_offline, tmp_path_factory):
     """A second tritonserver serving the VLM repository, once for this module (after the offline run, so the
-    two engines do not compete for the 2 cores during start-up). One retry on fresh ports: on a shared machine
-    another process can take a port between `free_port()` and the server's bind."""
-    failures = []
-    for attempt in range(2):
-        log = tmp_path_factory.mktemp("vlm_triton") / "tritonserver.log"
-        server = TritonServer(
-            vlm_repository,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_file=log,
-            exit_timeout_secs=10,
-        )
-        server.start()
-        try:
-            server.wait_ready(timeout=600)
-        except Exception as exc:  # noqa: BLE001 - reported below with the log's tail
-            server.stop()
-            failures.append(f"attempt {attempt + 1}: {exc}\n{log.read_text()[-2000:] if log.exists() else ''}")
-            continue
-        yield server
-        server.stop()
-        return
-    pytest.fail("the VLM tritonserver did not start:\n" + "\n".join(failures))
+    two engines do not compete for the 2 cores during start-up)."""
+    log = tmp_path_factory.mktemp("vlm_triton") / "tritonserver.log"
+    server = start_on_free_ports(vlm_repository, log, exit_timeout_secs=10)
+    yield server
+    server.stop()
 
 
 def _infer(server, model: str = PLAIN, **arrays: np.ndarray) -> dict:

@@ -18,7 +18,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Python backend's thread-pool-size (default 32) caps the BLS calls in flight in a stub: measured on 2.51,
@@ -54,6 +54,50 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports (held open together, so two calls to free_port() cannot return the same)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def start_on_free_ports(repository: Path, log_file: Path, timeout: float = 600.0, **options: Any) -> TritonServer:
+    """A ready server on free ports (HTTP, gRPC, metrics); `options` go to TritonServer.
+
+    A server that exits before it is ready is started once more on new ports: a free port can be taken by
+    another process before tritonserver binds it ("Socket ... already in use", seen in a probe run), and
+    Triton 2.51's Python backend can abort at start-up under load (see TritonServer.start_and_wait).
+    """
+    for attempt in (1, 2):
+        http_port, grpc_port, metrics_port = free_ports(3)
+        server = TritonServer(
+            repository,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            log_file=log_file,
+            **options,
+        )
+        server.start()
+        try:
+            server.wait_ready(timeout)
+            return server
+        except RuntimeError as exc:  # exited before ready
+            server.stop()
+            if attempt == 2:
+                raise
+            print(f"tritonserver start failed, starting again on new ports: {exc}", file=sys.stderr)
+        except BaseException:
+            server.stop()
+            raise
+    raise AssertionError("unreachable")
 
 
 class TritonServer:
