@@ -3,6 +3,11 @@
 The server here renders the deployment with `entry: bls` (Python entry models instead of ensembles: on Triton
 2.51 a cancel never reaches a step inside an ensemble) and metrics enabled, so vLLM's running/waiting gauges
 are readable in /metrics. CANCEL_STREAMS (default 200) sizes the main test.
+
+The tiny model generates a long request in about a second, so "the engine is free soon" alone would also pass
+with no cancel at all: each test also counts the tokens the engine generated (vLLM's generation-token counter)
+and requires the cancelled requests to have made well under their max_tokens. The server allows 2048-token
+sequences so that single cancelled requests run for seconds if the cancel does not work.
 """
 
 from __future__ import annotations
@@ -13,21 +18,25 @@ import time
 
 import pytest
 import requests
+import yaml
 
 from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
 from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_infer, grpc_inputs, text_of
+from tools.render_repo import DEFAULT_CONFIG
 
 pytestmark = pytest.mark.server
 
 PROMPT = "Once upon a time, a small robot"
 LONG = {"temperature": 0, "max_tokens": 480, "ignore_eos": True}
+VERY_LONG = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}  # ~4 s alone on the tiny model
 ONE = {"temperature": 0, "max_tokens": 7, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def bls_server(tiny_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("bls")
-    repository = render_repository(work / "repository", entry="bls", metrics=True)
+    engine_args = {**yaml.safe_load(DEFAULT_CONFIG.read_text())["engine_args"], "max_model_len": 2048}
+    repository = render_repository(work / "repository", entry="bls", metrics=True, engine_args=engine_args)
     server = start_server(repository, work / "tritonserver.log")
     yield server
     server.stop()
@@ -39,6 +48,15 @@ def in_engine(server) -> float:
     waiting = vllm_metric(samples, "vllm:num_requests_waiting")
     assert running is not None and waiting is not None, "vLLM's gauges are missing from /metrics"
     return running + waiting
+
+
+def generated_tokens(server) -> float:
+    """vLLM's generation-token counter, once the engine is idle (the publisher flushes every ~0.2 s)."""
+    assert wait_for(lambda: in_engine(server) == 0, 60) is not None, "requests left in the engine"
+    time.sleep(0.6)
+    value = vllm_metric(scrape(server), "vllm:generation_tokens_total")
+    assert value is not None, "vLLM's generation-token counter is missing from /metrics"
+    return value
 
 
 def wait_for(condition, timeout: float, step: float = 0.05) -> float | None:
@@ -58,7 +76,7 @@ def test_cancel_half_of_the_streams_frees_the_engine_and_the_rest_finish(bls_ser
     total = env_int("CANCEL_STREAMS", 200)
     with grpcclient.InferenceServerClient(bls_server.grpc_url) as client:
         expected = text_of(grpc_infer(client, PROMPT, LONG, exclude_input_in_output=True))
-    assert wait_for(lambda: in_engine(bls_server) == 0, 30) is not None
+    tokens_before = generated_tokens(bls_server)
 
     async def run():
         client = aioclient.InferenceServerClient(bls_server.grpc_url)
@@ -103,10 +121,14 @@ def test_cancel_half_of_the_streams_frees_the_engine_and_the_rest_finish(bls_ser
         return before, freed_after, results, done_after
 
     before, freed_after, results, done_after = asyncio.run(run())
+    # The uncancelled half made all their tokens; what is left over is the cancelled half's
+    cancelled_made = generated_tokens(bls_server) - tokens_before - (total - total // 2) * LONG["max_tokens"]
     print(
         f"\ncancel: {total} streams, {before:.0f} in the engine; {total // 2} cancelled; engine down to the rest"
-        f" after {freed_after}s; the rest finished {done_after:.1f} s after the cancel"
+        f" after {freed_after}s; the rest finished {done_after:.1f} s after the cancel; the cancelled made"
+        f" {cancelled_made / (total // 2):.0f} tokens each on average, of {LONG['max_tokens']}"
     )
+    assert cancelled_made <= total // 2 * LONG["max_tokens"] / 2, "the cancelled streams were not stopped early"
     assert before > total // 2, f"only {before} requests were in the engine before the cancel"
     # The issue's target is 2 s; measured 3.8-11.9 s at 200 streams on a loaded 2-core machine (one entry
     # instance polls is_cancelled() behind the stream traffic). This bound catches a cancel that does not work
@@ -115,12 +137,11 @@ def test_cancel_half_of_the_streams_frees_the_engine_and_the_rest_finish(bls_ser
     assert freed_after is not None and freed_after <= bound, f"engine still ran cancelled requests ({freed_after})"
     failures = [r for r in results if isinstance(r, BaseException) or r != (expected, True)]
     assert failures == [], f"{len(failures)} of the uncancelled streams went wrong: {failures[:2]}"
-    assert wait_for(lambda: in_engine(bls_server) == 0, 30) is not None, "requests left in the engine"
 
 
 def test_sse_disconnect_aborts_the_engine_request(bls_server):
-    assert wait_for(lambda: in_engine(bls_server) == 0, 30) is not None
-    payload = {"text_input": PROMPT, "stream": True, "exclude_input_in_output": True, "parameters": LONG}
+    tokens_before = generated_tokens(bls_server)
+    payload = {"text_input": PROMPT, "stream": True, "exclude_input_in_output": True, "parameters": VERY_LONG}
     reply = requests.post(
         f"http://{bls_server.http_url}/v2/models/{STREAM_MODEL}/generate_stream", json=payload, stream=True, timeout=60
     )
@@ -131,23 +152,75 @@ def test_sse_disconnect_aborts_the_engine_request(bls_server):
     assert wait_for(lambda: in_engine(bls_server) == 1, 5) is not None, "the streamed request never showed"
     reply.close()
     freed = wait_for(lambda: in_engine(bls_server) == 0, 10)
-    print(f"\nSSE disconnect: engine free after {freed}s")
+    made = generated_tokens(bls_server) - tokens_before
+    print(f"\nSSE disconnect: engine free after {freed}s, {made:.0f} of {VERY_LONG['max_tokens']} tokens made")
     assert freed is not None and freed <= 6.0  # measured 0.05-0.31 s; generous for a loaded CI machine
+    assert made <= VERY_LONG["max_tokens"] / 2
 
 
 def test_grpc_plain_request_timeout_aborts_the_engine_request(bls_server):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    assert wait_for(lambda: in_engine(bls_server) == 0, 30) is not None
+    tokens_before = generated_tokens(bls_server)
     client = grpcclient.InferenceServerClient(bls_server.grpc_url)
     with pytest.raises(InferenceServerException, match="Deadline"):
-        client.infer(PLAIN_MODEL, grpc_inputs(PROMPT, LONG, exclude_input_in_output=True), client_timeout=0.25)
+        client.infer(PLAIN_MODEL, grpc_inputs(PROMPT, VERY_LONG, exclude_input_in_output=True), client_timeout=0.25)
     client.close()
     freed = wait_for(lambda: in_engine(bls_server) == 0, 10)
-    print(f"\ngRPC deadline: engine free {freed}s after the client's timeout")
+    made = generated_tokens(bls_server) - tokens_before
+    print(f"\ngRPC deadline: engine free {freed}s after the client's timeout, {made:.0f} tokens made")
     # Triton notices a unary RPC's deadline later than a stream cancel (measured 2.3-3.5 s on a busy machine)
     assert freed is not None and freed <= 6.0
+    assert made <= VERY_LONG["max_tokens"] * 3 / 4  # the slow deadline notice above costs tokens
+
+
+# A client process with three long requests open: a plain gRPC infer, a gRPC stream and an SSE stream.
+_CLIENT = """
+import sys, threading, time
+import requests
+import tritonclient.grpc as grpcclient
+from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs
+
+url, http_url, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
+long = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}
+plain = grpcclient.InferenceServerClient(url)
+threading.Thread(target=plain.infer, args=(PLAIN_MODEL, grpc_inputs(prompt, long)), daemon=True).start()
+streaming = grpcclient.InferenceServerClient(url)
+streaming.start_stream(callback=lambda result, error: None)
+streaming.async_stream_infer(STREAM_MODEL, grpc_inputs(prompt, long, stream=True))
+body = {"text_input": prompt, "stream": True, "parameters": long}
+sse = requests.post(f"http://{http_url}/v2/models/{STREAM_MODEL}/generate_stream", json=body, stream=True)
+print("sent", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_killed_client_aborts_its_engine_requests(bls_server):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.reliability_helpers import ROOT
+
+    tokens_before = generated_tokens(bls_server)
+    client = subprocess.Popen(
+        [sys.executable, "-c", _CLIENT, bls_server.grpc_url, bls_server.http_url, PROMPT],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert client.stdout.readline().strip() == "sent"
+        assert wait_for(lambda: in_engine(bls_server) == 3, 30) is not None, "the client's requests never showed"
+    finally:
+        client.send_signal(signal.SIGKILL)
+        client.wait()
+    freed = wait_for(lambda: in_engine(bls_server) == 0, 15)
+    made = generated_tokens(bls_server) - tokens_before
+    print(f"\nkilled client (plain gRPC, gRPC stream, SSE): engine free after {freed}s, {made:.0f} tokens made")
+    assert freed is not None and freed <= 10.0  # the plain RPC's cancel is the slowest (see the deadline test)
+    assert made <= 3 * 2000 / 2, "the killed client's requests ran on"
 
 
 def test_metrics_move_by_exactly_one_requests_counts(bls_server):
