@@ -19,8 +19,6 @@ Two facts of this environment shape the build (ENVIRONMENT.md):
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -29,10 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools import build_tiny_model  # noqa: E402
+from tools import build_tiny_model, offline_build  # noqa: E402
 
 DEFAULT_OUT = ROOT / "models" / "tiny-llava"
-STAMP_NAME = ".build-stamp"
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH_SIZE = 56, 14
 SEED = 4321
@@ -52,11 +49,7 @@ CHAT_TEMPLATE = (
 
 
 def _inputs_digest() -> str:
-    digest = hashlib.sha256()
-    digest.update(Path(__file__).read_bytes())
-    digest.update(Path(build_tiny_model.__file__).read_bytes())
-    digest.update(build_tiny_model.CORPUS.read_bytes())
-    return digest.hexdigest()[:16]
+    return offline_build.digest_of(Path(__file__), Path(build_tiny_model.__file__), build_tiny_model.CORPUS)
 
 
 def _vllm_layout(name: str) -> str:
@@ -68,9 +61,8 @@ def _vllm_layout(name: str) -> str:
 
 
 def build(out: Path, force: bool = False) -> Path:
-    stamp = out / STAMP_NAME
     want = _inputs_digest()
-    if not force and stamp.exists() and stamp.read_text().strip() == want:
+    if not force and offline_build.is_built(out, want):
         return out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -160,19 +152,9 @@ def build(out: Path, force: bool = False) -> Path:
     )
     processor.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    stamp.write_text(want + "\n")
+    offline_build.mark_built(out, want)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
-    args = parser.parse_args(argv)
-    out = build(args.out.resolve(), force=args.force)
-    print(f"tiny LLaVA ready in {out}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(offline_build.main(__doc__, DEFAULT_OUT, build, "tiny LLaVA"))

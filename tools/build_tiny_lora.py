@@ -10,8 +10,6 @@ base model's. Same bytes on every build; a stamp file makes a second run return 
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -20,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tools import offline_build  # noqa: E402
 from tools.build_tiny_model import DEFAULT_OUT as BASE_MODEL  # noqa: E402
 
 DEFAULT_OUT = ROOT / "models" / "tiny-llama-lora"
-STAMP_NAME = ".build-stamp"
 RANK = 8
 ALPHA = 16
 TARGETS = ("q_proj", "v_proj")
@@ -31,14 +29,10 @@ SEED = 4321
 SCALE = 0.5
 
 
-def _digest() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-
-
 def build(out: Path = DEFAULT_OUT, base: Path = BASE_MODEL, force: bool = False) -> Path:
     out = Path(out)
-    stamp = out / STAMP_NAME
-    if not force and stamp.exists() and stamp.read_text().strip() == _digest():
+    want = offline_build.digest_of(Path(__file__))
+    if not force and offline_build.is_built(out, want):
         return out
     import numpy as np
     from safetensors.numpy import save_file
@@ -73,18 +67,9 @@ def build(out: Path = DEFAULT_OUT, base: Path = BASE_MODEL, force: bool = False)
     out.mkdir(parents=True, exist_ok=True)
     (out / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
     save_file(dict(sorted(tensors.items())), str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    stamp.write_text(_digest() + "\n")
+    offline_build.mark_built(out, want)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
-    args = parser.parse_args(argv)
-    print(f"build_tiny_lora: {build(args.out, force=args.force)}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(offline_build.main(__doc__, DEFAULT_OUT, build, "tiny LoRA adapter"))

@@ -9,16 +9,18 @@ fixed seed, so every build writes the same bytes. A stamp file makes a second ru
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools import offline_build  # noqa: E402
+
 CORPUS = ROOT / "tools" / "corpus" / "tiny_corpus.txt"
 DEFAULT_OUT = ROOT / "models" / "tiny-llama"
-STAMP_NAME = ".build-stamp"
 
 BOS, EOS, PAD = "<s>", "<|im_end|>", "<pad>"
 SPECIAL_TOKENS = [BOS, "</s>", PAD, "<|im_start|>", EOS]
@@ -40,11 +42,7 @@ CHAT_TEMPLATE = (
 
 
 def _inputs_digest() -> str:
-    """The stamp: a build is reused only if the builder and the corpus are unchanged."""
-    digest = hashlib.sha256()
-    digest.update(Path(__file__).read_bytes())
-    digest.update(CORPUS.read_bytes())
-    return digest.hexdigest()[:16]
+    return offline_build.digest_of(Path(__file__), CORPUS)
 
 
 def build_tokenizer(out: Path):
@@ -115,26 +113,15 @@ def build_model(out: Path, tokenizer) -> None:
 
 
 def build(out: Path, force: bool = False) -> Path:
-    stamp = out / STAMP_NAME
     want = _inputs_digest()
-    if not force and stamp.exists() and stamp.read_text().strip() == want:
+    if not force and offline_build.is_built(out, want):
         return out
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out)
     build_model(out, tokenizer)
-    stamp.write_text(want + "\n")
+    offline_build.mark_built(out, want)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
-    args = parser.parse_args(argv)
-    out = build(args.out.resolve(), force=args.force)
-    print(f"tiny model ready in {out}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(offline_build.main(__doc__, DEFAULT_OUT, build, "tiny model"))
