@@ -1,9 +1,10 @@
 """A bounded soak: mixed streaming/plain, gRPC/HTTP, mixed lengths, at high concurrency, on a private server.
 
-SOAK_REQUESTS (default 400) and SOAK_CONCURRENCY (default 64) size it; SOAK_ENTRY (default "bls") picks the
-deployment's entry kind. Every response is checked: no error, no hang, no lost or duplicated delta (the
-streamed token counts add up to exactly max_tokens, one FINAL), memory back near its start, tritonserver's own
-memory flat over the second half, and vLLM's own gauges show no request left in the engine.
+SOAK_REQUESTS (default 400) and SOAK_CONCURRENCY (default 64) size it; it runs once per entry kind (the
+default's ensembles, and bls), or only SOAK_ENTRY's. Every response is checked: no error, no hang, no lost or
+duplicated delta (the streamed token counts add up to exactly max_tokens, one FINAL), memory back near its
+start, tritonserver's own memory flat over the second half, and vLLM's own gauges show no request left in the
+engine.
 
 The gRPC stream clients end their request side after sending (what `stop_stream()` and a finished request
 iterator do). SOAK_STREAM_CLOSE=cancel makes them cancel the call with the request side still open instead:
@@ -49,12 +50,15 @@ def _memory(server) -> tuple[float, float]:
     return _rss_mib(process_group_members(pid)), _rss_mib([pid])
 
 
-def test_soak_mixed_traffic(tiny_model, tmp_path):
+ENTRIES = [os.environ["SOAK_ENTRY"]] if os.environ.get("SOAK_ENTRY") else ["ensemble", "bls"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_soak_mixed_traffic(tiny_model, tmp_path, entry):
     import tritonclient.grpc.aio as aioclient
 
     total = env_int("SOAK_REQUESTS", 400)
     concurrency = env_int("SOAK_CONCURRENCY", 64)
-    entry = os.environ.get("SOAK_ENTRY", "bls")
     stream_close = os.environ.get("SOAK_STREAM_CLOSE", "half-close")
     assert stream_close in ("half-close", "cancel"), f"SOAK_STREAM_CLOSE={stream_close!r}"
     repository = render_repository(tmp_path / "repository", entry=entry, metrics=True)
