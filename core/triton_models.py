@@ -289,6 +289,8 @@ class CoreModel:
         for request in requests:
             sender = GuardedSender(request.get_response_sender())
             parameters = _request_parameters(request)
+            # A BLS caller (an entry model or generate) gets error codes in the message (see _child_error)
+            sender.tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
             if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
                 for key in str(parameters[ABORT_PARAMETER]).split(","):
                     self.engine.cancel_key(key)
@@ -304,7 +306,6 @@ class CoreModel:
             # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
             # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
             # models see the client's cancel and abort by key instead.
-            sender.tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
             self.engine.submit(engine_request, self._emitter(sender), _never_cancelled, key=key)
         return None
 

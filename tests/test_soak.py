@@ -19,35 +19,23 @@ import json
 import os
 import random
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_inputs, process_group_members
+from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_inputs
+from tools.triton_server import process_table
 
 pytestmark = pytest.mark.server
 
 PROMPTS = ["The quick brown fox", "Grüße aus München und", "def handle(request):", "word " * 120]
 
 
-def _rss_mib(pids) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
-
-
 def _memory(server) -> tuple[float, float]:
     """(RSS of the whole process group, RSS of the tritonserver process alone), MiB."""
-    pid = server.process.pid
-    return _rss_mib(process_group_members(pid)), _rss_mib([pid])
+    pid, table = server.process.pid, process_table()
+    return sum(p.rss_mib for p in table.values() if p.pgid == pid), table[pid].rss_mib
 
 
 ENTRIES = [os.environ["SOAK_ENTRY"]] if os.environ.get("SOAK_ENTRY") else ["ensemble", "bls"]

@@ -42,7 +42,13 @@ if str(ROOT) not in sys.path:
 
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
-from tools.triton_server import TritonServer, free_port, process_table, server_environment  # noqa: E402
+from tools.triton_server import (  # noqa: E402
+    TritonServer,
+    free_port,
+    process_table,
+    server_environment,
+    start_on_free_ports,
+)
 
 # Engine args shared by every path: the default deployment's, with room for 400-token prompts + 256 new
 # tokens at concurrency 256.
@@ -528,15 +534,8 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
 
         triton_paths = [p for p in paths if not p.startswith(("bare", "vllm-serve"))]
         if triton_paths:
-            server = TritonServer(
-                repo,
-                http_port=free_port(),
-                grpc_port=free_port(),
-                metrics_port=free_port(),
-                log_file=out / f"triton-{rep}.log",
-            )
+            server = start_on_free_ports(repo, out / f"triton-{rep}.log")
             try:
-                server.start_and_wait(600)
                 client = TritonPaths(server, "vllm_model", "vllm_model_stream")
                 await client.open()
                 senders = {

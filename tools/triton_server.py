@@ -71,33 +71,16 @@ def free_ports(count: int) -> list[int]:
 def start_on_free_ports(repository: Path, log_file: Path, timeout: float = 600.0, **options: Any) -> TritonServer:
     """A ready server on free ports (HTTP, gRPC, metrics); `options` go to TritonServer.
 
-    A server that exits before it is ready is started once more on new ports: a free port can be taken by
-    another process before tritonserver binds it ("Socket ... already in use", seen in a probe run), and
-    Triton 2.51's Python backend can abort at start-up under load (see TritonServer.start_and_wait).
+    A server that exits before it is ready is started once more, on new ports: a free port can be taken by
+    another process before tritonserver binds it ("Socket ... already in use", seen in a probe run).
     """
-    for attempt in (1, 2):
-        http_port, grpc_port, metrics_port = free_ports(3)
-        server = TritonServer(
-            repository,
-            http_port=http_port,
-            grpc_port=grpc_port,
-            metrics_port=metrics_port,
-            log_file=log_file,
-            **options,
-        )
-        server.start()
-        try:
-            server.wait_ready(timeout)
-            return server
-        except RuntimeError as exc:  # exited before ready
-            server.stop()
-            if attempt == 2:
-                raise
-            print(f"tritonserver start failed, starting again on new ports: {exc}", file=sys.stderr)
-        except BaseException:
-            server.stop()
-            raise
-    raise AssertionError("unreachable")
+    server = TritonServer(repository, log_file=log_file, **options)
+    try:
+        server.start_and_wait(timeout, new_ports=True)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 class TritonServer:
@@ -181,15 +164,17 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_hint()}")
 
-    def start_and_wait(self, timeout: float = 600.0, attempts: int = 2) -> float:
+    def start_and_wait(self, timeout: float = 600.0, attempts: int = 2, new_ports: bool = False) -> float:
         """start() + wait_ready(), starting again if the server dies before it is ready.
 
         Triton 2.51's Python backend can abort at start-up under heavy load (seen here once:
         "terminate called after throwing an instance of 'boost::interprocess::lock_exception'", a known
         intermittent upstream crash). A server that dies before it is ready has served nothing, so one more
-        start is safe; the failure is still reported on stderr.
+        start is safe; the failure is still reported on stderr. `new_ports`: every start on free ports.
         """
         for attempt in range(1, attempts + 1):
+            if new_ports:
+                self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
             self.start()
             try:
                 return self.wait_ready(timeout)
@@ -256,11 +241,12 @@ class ProcessStat(NamedTuple):
     ppid: int
     pgid: int
     cpu_seconds: float  # user + system
+    rss_mib: float
 
 
 def process_table() -> dict[int, ProcessStat]:
     """Every live process from /proc: the one place the launcher, tests and benchmarks read process groups."""
-    tick = os.sysconf("SC_CLK_TCK")
+    tick, page_mib = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE") / 2**20
     table = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -273,5 +259,6 @@ def process_table() -> dict[int, ProcessStat]:
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
         cpu = (int(fields[11]) + int(fields[12])) / tick
-        table[int(entry.name)] = ProcessStat(comm, fields[0], int(fields[1]), int(fields[2]), cpu)
+        rss = int(fields[21]) * page_mib
+        table[int(entry.name)] = ProcessStat(comm, fields[0], int(fields[1]), int(fields[2]), cpu, rss)
     return table
