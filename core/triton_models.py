@@ -6,9 +6,11 @@ Triton-free modules (core.engine, core.protocol, the stage packages), where unit
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -22,6 +24,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from core.coalesce import Outgoing, StreamPacer
+from core.core_stats import CoreStats
 from core.engine import Engine, RestartPolicy, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
@@ -211,6 +214,13 @@ class TritonMetrics:
                 self._histograms[key].observe(value)
 
 
+def _emitter(outbox: queue.SimpleQueue[Outgoing | None], sender: Any):
+    def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
+        outbox.put(Outgoing(sender, response, error, final or error is not None))
+
+    return emit
+
+
 class CoreModel:
     """Decoupled: owns the vLLM engine; one response per engine output (one in all when not streaming)."""
 
@@ -242,26 +252,42 @@ class CoreModel:
         self.engine.start()
         if self._metrics is not None:
             self._metrics.start()
-        # Responses are built and sent from this thread, so the engine's event loop never waits on Triton IPC,
-        # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py).
+        # Responses are built and sent from sender threads, so the engine's event loop never waits on Triton IPC,
+        # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py). Each send is a blocking
+        # round trip to tritonserver with the GIL released (python_backend's ResponseSender::Send): several
+        # threads keep several round trips in flight. A request stays on one thread, so its order holds.
         self.stream_interval = int(_config_parameter(model_config, "stream_interval_ms", "0")) / 1000
-        self._outbox: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
-        self._sender_thread = threading.Thread(target=self._send_loop, name="vllm-core-sender", daemon=True)
-        self._sender_thread.start()
+        self.stream_max_rate = float(_config_parameter(model_config, "stream_max_responses_per_s", "0"))
+        switch_interval_ms = float(_config_parameter(model_config, "switch_interval_ms", "0"))
+        if switch_interval_ms > 0:
+            # A thread back from a GIL-free wait (an IPC round trip, a request arriving) waits for the GIL up to
+            # the switch interval while the engine loop computes; Python's 5 ms made each send and each intake
+            # wait that long on a busy stub (README, Performance on a GPU).
+            sys.setswitchinterval(switch_interval_ms / 1000)
+        self.stats = CoreStats.from_environment(self.logger)
+        threads = max(1, int(_config_parameter(model_config, "sender_threads", "1")))
+        self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [queue.SimpleQueue() for _ in range(threads)]
+        self._next_outbox = itertools.count()
+        self._sender_threads = [
+            threading.Thread(target=self._send_loop, args=(outbox,), name=f"vllm-core-sender-{i}", daemon=True)
+            for i, outbox in enumerate(self._outboxes)
+        ]
+        for thread in self._sender_threads:
+            thread.start()
 
     # At most this many queued responses are coalesced per pass, so one pass never holds the others for long.
     MAX_DRAIN = 1024
 
-    def _send_loop(self) -> None:
+    def _send_loop(self, outbox: queue.SimpleQueue[Outgoing | None]) -> None:
         """Send each request's queued responses merged, at most one per stream interval (core/coalesce.py)."""
-        pacer = StreamPacer(self.stream_interval)
+        pacer = StreamPacer(self.stream_interval, self.stream_max_rate / len(self._outboxes))
         stopping = False
         while not stopping or pacer:
             batch: list[Outgoing | None] = []
             try:
-                batch.append(self._outbox.get(timeout=pacer.wait_seconds(time.monotonic())))
+                batch.append(outbox.get(timeout=pacer.wait_seconds(time.monotonic())))
                 while len(batch) < self.MAX_DRAIN:
-                    batch.append(self._outbox.get_nowait())
+                    batch.append(outbox.get_nowait())
             except queue.Empty:
                 pass
             for item in batch:
@@ -281,12 +307,18 @@ class CoreModel:
                 response = pb_utils.InferenceResponse(output_tensors=[tensor])
             else:
                 response = None
+            start = time.perf_counter()
             item.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if item.final else 0)
+            if self.stats is not None:
+                self.stats.sent(time.perf_counter() - start)
         except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
             self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
 
     def execute(self, requests: list[Any]) -> None:
+        if self.stats is not None:
+            self.stats.executed(len(requests))
         for request in requests:
+            outbox = self._outboxes[next(self._next_outbox) % len(self._outboxes)]
             sender = GuardedSender(request.get_response_sender())
             parameters = _request_parameters(request)
             # A BLS caller (an entry model or generate) gets error codes in the message (see _child_error)
@@ -294,39 +326,31 @@ class CoreModel:
             if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
                 for key in str(parameters[ABORT_PARAMETER]).split(","):
                     self.engine.cancel_key(key)
-                self._outbox.put(Outgoing(sender, None, None, True))
+                outbox.put(Outgoing(sender, None, None, True))
                 continue
             try:
                 tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
                 engine_request = EngineRequest.from_json(tensor.as_numpy().reshape(-1)[0])
             except Exception as exc:  # noqa: BLE001
-                self._reply_error(sender, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"))
+                outbox.put(Outgoing(sender, None, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"), True))
                 continue
             key = str(parameters.get(CANCEL_KEY_PARAMETER, ""))
             # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
             # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
             # models see the client's cancel and abort by key instead.
-            self.engine.submit(engine_request, self._emitter(sender), _never_cancelled, key=key)
+            self.engine.submit(engine_request, _emitter(outbox, sender), _never_cancelled, key=key)
         return None
-
-    def _reply_error(self, sender: Any, exc: BaseException) -> None:
-        self._outbox.put(Outgoing(sender, None, exc, True))
-
-    def _emitter(self, sender: Any):
-        def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
-            if error is not None:
-                self._reply_error(sender, error)
-            else:
-                self._outbox.put(Outgoing(sender, response, None, final))
-
-        return emit
 
     def finalize(self) -> None:
         self.engine.shutdown()
         if self._metrics is not None:
             self._metrics.stop()
-        self._outbox.put(None)
-        self._sender_thread.join(timeout=10)
+        for outbox in self._outboxes:
+            outbox.put(None)
+        for thread in self._sender_threads:
+            thread.join(timeout=10)
+        if self.stats is not None:
+            self.stats.stop()
 
 
 class GenerateModel:

@@ -17,6 +17,7 @@ ALL = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 
 def test_the_examples_are_the_ones_documented():
     assert ALL == [
+        "gpu-bench-1b.yaml",
         "gpu-llama-8b.yaml",
         "multi-lora.yaml",
         "openai.yaml",

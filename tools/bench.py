@@ -1,24 +1,40 @@
-"""Side-by-side benchmark: bare vLLM, `vllm serve`, and our ensembles, in one run, same model and engine args.
+"""Side-by-side benchmark: bare vLLM, `vllm serve`, the Triton vLLM backend and our ensembles, in one run, with the
+same model, engine args and engine environment (those of one deployment file).
 
-    .venv/bin/python tools/bench.py [--levels 1,16,64,256] [--max-tokens 64,256] [--reps 3]
-                                    [--paths bare,vllm-serve,plain-grpc,plain-http,stream-grpc]
-                                    [--extra-model NAME ...] [--quick] [--out .bench]
+    .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
+        [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
+        [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge] [--profile] [--quick]
+        [--out .bench]
 
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
-  bare-stream   the same with DELTA outputs (gives TTFT)
+  bare-stream   the same with DELTA outputs (gives TTFT): the baseline of every streamed path
   vllm-serve    vLLM's OpenAI server (python -m vllm.entrypoints.openai.api_server), /v1/completions, aiohttp
   vllm-serve-stream   the same, streamed (gives TTFT)
   plain-grpc    our plain-infer ensemble, gRPC ModelInfer (tritonclient.grpc.aio)
   plain-http    our plain-infer ensemble, HTTP /generate (aiohttp)
   stream-grpc   our streaming ensemble, gRPC bidirectional stream (gives TTFT)
-  --extra-model NAME   another model in the same Triton server with the vLLM backend's interface (gRPC infer)
+  vllm-backend-stream   the Triton vLLM backend in the same server (needs --vllm-backend), gRPC stream
+  --extra-model NAME          another model of the same server with the vLLM backend's tensors, gRPC infer
+  --extra-stream-model NAME   another decoupled model of the same server, gRPC stream (path extra-stream:NAME)
 
+--deployment FILE (default: deployments/default.yaml with BENCH_ENGINE_OVERRIDES, the CPU set-up) is rendered
+as it is (engine args, engine_env, instance counts, stream pacing, entry kind); the bare and `vllm serve` paths
+get the same engine args and environment, and the prompts come from the deployment's tokenizer.
+--vllm-backend DIR: the `src/` folder of a checkout of triton-inference-server/vllm_backend; its model is added to
+the rendered repository as `vllm_backend` (same engine args), so it is measured in the same server.
+
+Each engine starts once per command: the bare worker runs both bare paths, one `vllm serve` both of its paths,
+one tritonserver every Triton path; `--reps` repeats the levels inside. `--merge` adds this command's runs to
+OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with a bounded number of requests; one warm-up round per path and level is not counted.
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
-CPU seconds per 1k output tokens (all processes of the server's process group), the ratio to `bare`, and the
-spread (min..max) over the repetitions. Results go to OUT/results.json and OUT/bench.png.
+CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
+to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
+and the issue's targets. --profile adds Triton's per-model statistics and each server process's CPU per level,
+the core's own counters in the Triton log, and py-spy profiles (when py-spy is on PATH) of every Python process
+of the server during the largest level. Results go to OUT/results.json and OUT/bench.png.
 """
 
 from __future__ import annotations
@@ -27,12 +43,14 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+import urllib.request
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +68,20 @@ from tools.triton_server import (  # noqa: E402
     start_on_free_ports,
 )
 
-# Engine args shared by every path: the default deployment's, with room for 400-token prompts + 256 new
-# tokens at concurrency 256.
+# The default (CPU) deployment's engine args get these: room for 400-token prompts + 256 new tokens at
+# concurrency 256. A --deployment file is taken as it is.
 BENCH_ENGINE_OVERRIDES = {"max_model_len": 1024, "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 256}
+STREAMED_PATHS = ("bare-stream", "vllm-serve-stream", "stream-grpc", "vllm-backend-stream")
+TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "vllm-backend-stream")
+VLLM_BACKEND_MODEL = "vllm_backend"
+
+
+def is_streamed(path: str) -> bool:
+    return path in STREAMED_PATHS or path.startswith("extra-stream:")
+
+
+def baseline_of(path: str) -> str:
+    return "bare-stream" if is_streamed(path) else "bare"
 
 
 @dataclass
@@ -74,6 +103,10 @@ class LevelResult:
     cpu_seconds: float | None
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
+    client_cpu_seconds: float | None = None
+    # --profile: per server process (name -> CPU seconds) and Triton's per-model statistics over the level
+    process_cpu: dict[str, float] | None = None
+    triton_stats: dict[str, dict[str, float]] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -83,7 +116,7 @@ class LevelResult:
 # Workload ------------------------------------------------------------------------------------------------
 
 
-def build_prompts(tokenizer_dir: Path, count: int = 16) -> list[list[int]]:
+def build_prompts(tokenizer_dir: str | Path, count: int = 16) -> list[list[int]]:
     """Half short prompts, half ~400-token prompts, from the shipped corpus (fixed, deterministic)."""
     from transformers import AutoTokenizer
 
@@ -128,12 +161,94 @@ async def run_level(send, prompts: list[list[int]], concurrency: int, total: int
     return samples, time.perf_counter() - start
 
 
+# Server-side observation (--profile) ---------------------------------------------------------------------
+
+
+def _process_name(pid: int, comm: str) -> str:
+    """A server process's name for the report: a Python stub by its model, else its command name."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"{comm}:{pid}"
+    if argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 1:
+        model = Path(argv[1].decode()).parent.parent.name  # .../<model>/<version>/model.py
+        return f"stub:{model}:{pid}"
+    return f"{comm}:{pid}"
+
+
+def group_processes(pgid: int) -> dict[int, tuple[str, float]]:
+    return {pid: (_process_name(pid, p.comm), p.cpu_seconds) for pid, p in process_table().items() if p.pgid == pgid}
+
+
+def triton_model_stats(server: TritonServer) -> dict[str, dict[str, float]]:
+    """Cumulative per-model counts and times (ms) from Triton's /v2/models/stats."""
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats", timeout=10) as reply:
+        doc = json.loads(reply.read())
+    stats = {}
+    for model in doc.get("model_stats", []):
+        inference = model.get("inference_stats", {})
+        entry = {"executions": float(model.get("execution_count", 0))}
+        for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+            item = inference.get(key, {})
+            entry[f"{key}_count"] = float(item.get("count", 0))
+            entry[f"{key}_ms"] = float(item.get("ns", 0)) / 1e6
+        stats[model["name"]] = entry
+    return stats
+
+
+class ServerWatch:
+    """Per-level deltas of a server's processes' CPU (and Triton's model statistics), for --profile."""
+
+    def __init__(self, pgid: int, triton: TritonServer | None) -> None:
+        self.pgid, self.triton = pgid, triton
+
+    def __enter__(self) -> ServerWatch:
+        self._cpu = group_processes(self.pgid)
+        self._stats = triton_model_stats(self.triton) if self.triton is not None else None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = group_processes(self.pgid)
+        self.process_cpu = {
+            name: round(cpu - self._cpu.get(pid, (name, 0.0))[1], 3)
+            for pid, (name, cpu) in after.items()
+            if cpu - self._cpu.get(pid, (name, 0.0))[1] > 0.005
+        }
+        self.triton_stats = None
+        if self.triton is not None:
+            now = triton_model_stats(self.triton)
+            self.triton_stats = {
+                model: {key: round(value - self._stats.get(model, {}).get(key, 0.0), 3) for key, value in v.items()}
+                for model, v in now.items()
+                if v.get("success_count", 0) != self._stats.get(model, {}).get("success_count", 0)
+            }
+
+
+def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subprocess.Popen]:
+    """py-spy record (raw collapsed stacks, per thread, without pausing the target) of each Python process of
+    the group; [] when py-spy is not installed."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        print("bench: --profile: py-spy is not on PATH, no stack profiles", file=sys.stderr)
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    recorders = []
+    for pid, (name, _) in group_processes(pgid).items():
+        if not name.startswith(("stub:", "python", "VLLM", "vllm")):
+            continue
+        target = out / f"{label}-{name.replace(':', '-')}.txt"
+        command = [py_spy, "record", "--nonblocking", "--threads", "--format", "raw", "--rate", "200"]
+        command += ["-d", str(int(seconds)), "-o", str(target), "--pid", str(pid)]
+        recorders.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    return recorders
+
+
 # Clients -------------------------------------------------------------------------------------------------
 
 
 class TritonPaths:
-    def __init__(self, server: TritonServer, plain: str, streaming: str) -> None:
-        self.server, self.plain, self.streaming = server, plain, streaming
+    def __init__(self, server: TritonServer) -> None:
+        self.server = server
         self._grpc = None
         self._http = None
 
@@ -176,7 +291,7 @@ class TritonPaths:
 
         return send
 
-    def http_generate(self, tokenizer: Any):
+    def http_generate(self, model: str, tokenizer: Any):
         async def send(prompt: list[int], max_tokens: int) -> Sample:
             payload = {
                 "text_input": tokenizer.decode(prompt),
@@ -184,9 +299,7 @@ class TritonPaths:
                 "parameters": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True},
             }
             start = time.perf_counter()
-            async with self._http.post(
-                f"http://{self.server.http_url}/v2/models/{self.plain}/generate", json=payload
-            ) as r:
+            async with self._http.post(f"http://{self.server.http_url}/v2/models/{model}/generate", json=payload) as r:
                 body = await r.read()
                 if r.status != 200:
                     raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
@@ -194,23 +307,25 @@ class TritonPaths:
 
         return send
 
-    def grpc_stream(self, tokenizer: Any):
+    def grpc_stream(self, model: str, tokenizer: Any):
+        """One gRPC bidirectional stream per request, half-closed after the request (as stop_stream() does)."""
         import tritonclient.grpc.aio as grpc_aio
 
         async def send(prompt: list[int], max_tokens: int) -> Sample:
             inputs = self._inputs(grpc_aio, tokenizer.decode(prompt), max_tokens, True)
 
             async def requests():
-                yield {"model_name": self.streaming, "inputs": inputs, "request_id": "b"}
+                yield {"model_name": model, "inputs": inputs, "request_id": "b"}
 
             start = time.perf_counter()
             ttft = None
             async for result, error in self._grpc.stream_infer(requests()):
                 if error is not None:
                     raise error
-                if ttft is None:
+                response = result.get_response()
+                if ttft is None and response.outputs:
                     ttft = time.perf_counter() - start
-                if result.get_response().parameters["triton_final_response"].bool_param:
+                if response.parameters["triton_final_response"].bool_param:
                     break
             return Sample(time.perf_counter() - start, ttft, max_tokens)
 
@@ -233,7 +348,9 @@ class VllmServe:
             flag = "--" + key.replace("_", "-")
             if value is True:
                 cmd.append(flag)
-            elif value is not False:
+            elif isinstance(value, (dict, list)):
+                cmd += [flag, json.dumps(value)]
+            elif value is not False and value is not None:
                 cmd += [flag, str(value)]
         return cmd
 
@@ -315,45 +432,60 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     prepare_process_environment()
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec["engine_args"]))
-    kind = RequestOutputKind.DELTA if spec["stream"] else RequestOutputKind.FINAL_ONLY
     counter = iter(range(10**9))
 
-    async def send(prompt: list[int], max_tokens: int) -> Sample:
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
-        start = time.perf_counter()
-        ttft = None
-        async for _ in llm.generate({"prompt_token_ids": prompt}, params, f"bare-{next(counter)}"):
-            if ttft is None:
-                ttft = time.perf_counter() - start
-        return Sample(time.perf_counter() - start, ttft if spec["stream"] else None, max_tokens)
+    def sender(stream: bool):
+        kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+
+        async def send(prompt: list[int], max_tokens: int) -> Sample:
+            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
+            start = time.perf_counter()
+            ttft = None
+            async for _ in llm.generate({"prompt_token_ids": prompt}, params, f"bare-{next(counter)}"):
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+            return Sample(time.perf_counter() - start, ttft if stream else None, max_tokens)
+
+        return send
 
     results = []
     try:
-        for level in spec["levels"]:
-            results.append(await measure(send, spec["prompts"], level, os.getpgid(0), None))
+        for rep in range(spec["reps"]):
+            for path in spec["paths"]:
+                send = sender(path == "bare-stream")
+                for level in spec["levels"]:
+                    measured = await measure(send, spec["prompts"], level, os.getpgid(0), None)
+                    results.append({"path": path, "rep": rep, "level": level, "measured": measured})
     finally:
         llm.shutdown()
     return results
 
 
-async def measure(send, prompts, level: dict[str, Any], pgid: int | None, progress) -> dict[str, Any]:
+async def measure(send, prompts, level: dict[str, Any], pgid: int | None, progress, watch=None) -> dict[str, Any]:
     await run_level(send, prompts, level["concurrency"], min(level["concurrency"], 16), level["max_tokens"], None)
     cpu_before = process_group_cpu(pgid) if pgid else None
+    client_before = time.process_time()
+    if watch is not None:
+        watch.__enter__()
     samples, wall = await run_level(
         send, prompts, level["concurrency"], level["requests"], level["max_tokens"], progress
     )
+    if watch is not None:
+        watch.__exit__(None, None, None)
     cpu = process_group_cpu(pgid) - cpu_before if pgid else None
     return {
         "wall": wall,
         "output_tokens": sum(s.output_tokens for s in samples),
         "cpu_seconds": cpu,
-        "latencies": [s.latency for s in samples],
-        "ttfts": [s.ttft for s in samples if s.ttft is not None],
+        "latencies": [round(s.latency, 5) for s in samples],
+        "ttfts": [round(s.ttft, 5) for s in samples if s.ttft is not None],
+        "client_cpu_seconds": time.process_time() - client_before,
+        "process_cpu": getattr(watch, "process_cpu", None),
+        "triton_stats": getattr(watch, "triton_stats", None),
     }
 
 
-def run_bare(engine_args: dict[str, Any], prompts, levels, stream: bool, log: Path) -> list[dict[str, Any]]:
-    spec = {"engine_args": engine_args, "prompts": prompts, "levels": levels, "stream": stream}
+def run_bare(spec: dict[str, Any], log: Path) -> list[dict[str, Any]]:
     spec_file = log.with_suffix(".json")
     spec_file.write_text(json.dumps(spec))
     out = log.with_suffix(".out.json")
@@ -370,52 +502,114 @@ def run_bare(engine_args: dict[str, Any], prompts, levels, stream: bool, log: Pa
     return json.loads(out.read_text())
 
 
-# The run -------------------------------------------------------------------------------------------------
+# The repository ------------------------------------------------------------------------------------------
 
 
-def bench_repository(out: Path) -> tuple[Path, dict[str, Any], dict[str, str]]:
-    """Render the default deployment with the benchmark's engine args into OUT/repo; (repo, engine args, engine
-    environment): the bare and `vllm serve` paths run with the same engine args AND the same engine_env."""
+@dataclass
+class BenchSetup:
+    repo: Path
+    engine_args: dict[str, Any]  # as the core reads them (paths resolved)
+    engine_env: dict[str, str]
+    tokenizer: str
+    plain: str
+    streaming: str
+
+
+def bench_repository(out: Path, deployment_file: Path | None, variables: dict[str, str]) -> BenchSetup:
+    """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given)."""
+    from core.engine_config import load_engine_args
     from tools.render_repo import DEFAULT_CONFIG, load_deployment, render, write
 
-    deployment = load_deployment(DEFAULT_CONFIG)
-    deployment.engine_args = {**deployment.engine_args, **BENCH_ENGINE_OVERRIDES}
+    deployment = load_deployment(deployment_file or DEFAULT_CONFIG, variables)
+    if deployment_file is None:
+        build_tiny_model(TINY_MODEL)
+        deployment.engine_args = {**deployment.engine_args, **BENCH_ENGINE_OVERRIDES}
     repo = out / "repo"
     write(render(deployment, repo), repo)
-    from core.engine_config import load_engine_args
+    engine_args = load_engine_args(repo / deployment.names.core / "1" / "model.json")
+    return BenchSetup(
+        repo,
+        engine_args,
+        dict(deployment.engine_env),
+        str(engine_args.get("tokenizer", engine_args["model"])),
+        deployment.names.plain,
+        deployment.names.streaming,
+    )
 
-    return repo, load_engine_args(repo / deployment.names.core / "1" / "model.json"), dict(deployment.engine_env)
+
+def add_vllm_backend(setup: BenchSetup, source: Path) -> None:
+    """The Triton vLLM backend's model (its src/: model.py and utils/) as model `vllm_backend` of the rendered
+    repository, with the same engine args. Its code is copied at run time, never committed here."""
+    if not (source / "model.py").is_file():
+        raise SystemExit(f"bench: --vllm-backend {source}: no model.py (give the checkout's src/ folder)")
+    version = setup.repo / VLLM_BACKEND_MODEL / "1"
+    if version.exists():
+        shutil.rmtree(version)
+    shutil.copytree(source, version, ignore=shutil.ignore_patterns("__pycache__"))
+    # vLLM >= 0.2x moved TokensPrompt out of vllm.inputs.data; the backend's HEAD still imports it from there.
+    request = version / "utils" / "request.py"
+    if request.is_file():
+        text = request.read_text()
+        try:
+            import vllm.inputs.data  # noqa: F401
+        except ImportError:
+            text = text.replace("from vllm.inputs.data import TokensPrompt", "from vllm.inputs import TokensPrompt")
+        request.write_text(text)
+    # The 2.51 stub runs with LC_CTYPE=C, where importing vLLM fails (torch reads its templates as ASCII); our core
+    # sets C.UTF-8 first (core/engine.py prepare_process_environment), so the backend gets the same line.
+    model = version / "model.py"
+    model.write_text('import locale\nlocale.setlocale(locale.LC_CTYPE, "C.UTF-8")\n' + model.read_text())
+    (version / "model.json").write_text(json.dumps(setup.engine_args, indent=2))
+    (setup.repo / VLLM_BACKEND_MODEL / "config.pbtxt").write_text(
+        f'name: "{VLLM_BACKEND_MODEL}"\nbackend: "python"\ninstance_group [ {{ count: 1 kind: KIND_MODEL }} ]\n'
+    )
+
+
+# Results -------------------------------------------------------------------------------------------------
+
+
+def load_runs(results_file: Path) -> list[LevelResult]:
+    if not results_file.exists():
+        return []
+    known = {f.name for f in fields(LevelResult)}
+    return [
+        LevelResult(**{k: v for k, v in run.items() if k in known})
+        for run in json.loads(results_file.read_text())["runs"]
+    ]
 
 
 def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
     rows = []
     keys = sorted({(r.path, r.max_tokens, r.concurrency) for r in results}, key=lambda k: (k[1], k[0], k[2]))
-    bare = {(r.max_tokens, r.concurrency): [] for r in results if r.path == "bare"}
+    tps: dict[tuple[str, int, int], list[float]] = {}
     for r in results:
-        if r.path == "bare":
-            bare[(r.max_tokens, r.concurrency)].append(r.tokens_per_second)
+        tps.setdefault((r.path, r.max_tokens, r.concurrency), []).append(r.tokens_per_second)
     for path, max_tokens, concurrency in keys:
         reps = [r for r in results if (r.path, r.max_tokens, r.concurrency) == (path, max_tokens, concurrency)]
-        tps = [r.tokens_per_second for r in reps]
+        mine = tps[(path, max_tokens, concurrency)]
         latencies = [x for r in reps for x in r.latencies]
         ttfts = [x for r in reps for x in r.ttfts]
         cpu = [r.cpu_seconds / r.output_tokens * 1000 for r in reps if r.cpu_seconds is not None]
-        base = bare.get((max_tokens, concurrency))
+        client = [r.client_cpu_seconds / r.wall for r in reps if r.client_cpu_seconds is not None]
+        base = tps.get((baseline_of(path), max_tokens, concurrency))
         rows.append(
             {
                 "path": path,
                 "max_tokens": max_tokens,
                 "concurrency": concurrency,
-                "tokens_per_s": statistics.median(tps),
-                "tokens_per_s_min": min(tps),
-                "tokens_per_s_max": max(tps),
+                "reps": len(reps),
+                "tokens_per_s": statistics.median(mine),
+                "tokens_per_s_min": min(mine),
+                "tokens_per_s_max": max(mine),
                 "requests_per_s": statistics.median(r.requests / r.wall for r in reps),
-                "ratio_to_bare": statistics.median(tps) / statistics.median(base) if base else None,
+                "baseline": baseline_of(path),
+                "ratio": statistics.median(mine) / statistics.median(base) if base else None,
                 "ttft_p50_ms": _ms(percentile(ttfts, 50)),
                 "ttft_p99_ms": _ms(percentile(ttfts, 99)),
                 "e2e_p50_ms": _ms(percentile(latencies, 50)),
                 "e2e_p99_ms": _ms(percentile(latencies, 99)),
                 "cpu_s_per_1k_tokens": statistics.median(cpu) if cpu else None,
+                "client_cores": statistics.median(client) if client else None,
             }
         )
     return rows
@@ -425,21 +619,72 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = (
-        f"{'path':<18}{'max_tok':>8}{'conc':>6}{'tok/s':>9}{'spread':>15}{'ratio':>7}{'req/s':>8}"
-        f"{'ttft50':>8}{'ttft99':>8}{'e2e50':>8}{'e2e99':>8}{'cpu/1k':>8}"
+    print(
+        f"{'path':<22}{'max_tok':>8}{'conc':>6}{'tok/s':>9}{'spread':>15}{'ratio':>7}{'req/s':>8}"
+        f"{'ttft50':>8}{'ttft99':>8}{'e2e50':>8}{'e2e99':>8}{'cpu/1k':>8}{'client':>7}"
     )
-    print(header)
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for row in rows:
         spread = f"{row['tokens_per_s_min']:.0f}..{row['tokens_per_s_max']:.0f}"
         print(
-            f"{row['path']:<18}{row['max_tokens']:>8}{row['concurrency']:>6}{row['tokens_per_s']:>9.0f}{spread:>15}"
-            f"{fmt(row['ratio_to_bare'], '.2f'):>7}{row['requests_per_s']:>8.1f}{fmt(row['ttft_p50_ms'], '.1f'):>8}"
-            f"{fmt(row['ttft_p99_ms'], '.1f'):>8}{fmt(row['e2e_p50_ms'], '.0f'):>8}{fmt(row['e2e_p99_ms'], '.0f'):>8}"
-            f"{fmt(row['cpu_s_per_1k_tokens'], '.2f'):>8}"
+            f"{row['path']:<22}{row['max_tokens']:>8}{row['concurrency']:>6}{row['tokens_per_s']:>9.0f}{spread:>15}"
+            f"{_fmt(row['ratio'], '.2f'):>7}{row['requests_per_s']:>8.1f}{_fmt(row['ttft_p50_ms'], '.1f'):>8}"
+            f"{_fmt(row['ttft_p99_ms'], '.1f'):>8}{_fmt(row['e2e_p50_ms'], '.0f'):>8}"
+            f"{_fmt(row['e2e_p99_ms'], '.0f'):>8}"
+            f"{_fmt(row['cpu_s_per_1k_tokens'], '.2f'):>8}{_fmt(row['client_cores'], '.2f'):>7}"
         )
+    print("ratio: to bare (plain paths) or bare-stream (streamed paths) of the same run; client: cores the client used")
+
+
+# The performance issue's targets: (our path, the path it is held against, the minimum ratio, the levels).
+TARGETS = (
+    ("plain-grpc", "bare", 0.95, (64, 256)),
+    ("stream-grpc", "bare-stream", 0.90, (64, 256)),
+    ("plain-grpc", "vllm-serve", 1.0, None),
+    ("stream-grpc", "vllm-serve-stream", 1.0, None),
+    ("stream-grpc", "vllm-backend-stream", 1.3, (64, 256)),
+    ("stream-grpc", "vllm-backend-stream", 1.0, (1, 16)),
+)
+
+
+def target_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each target of the performance issue that this run can judge: the ratio per level and whether it holds."""
+    by_key = {(r["path"], r["max_tokens"], r["concurrency"]): r for r in rows}
+    lines = []
+    for ours, other, minimum, levels in TARGETS:
+        for (path, max_tokens, concurrency), row in sorted(by_key.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+            if path != ours or (levels is not None and concurrency not in levels):
+                continue
+            against = by_key.get((other, max_tokens, concurrency))
+            if against is None:
+                continue
+            ratio = row["tokens_per_s"] / against["tokens_per_s"]
+            verdict = "met" if ratio >= minimum else "NOT met"
+            lines.append(
+                f"{ours} / {other} at {max_tokens} tokens x {concurrency}: {ratio:.2f} (target >= {minimum}) {verdict}"
+            )
+    for max_tokens, concurrency in [(m, c) for (p, m, c) in by_key if p == "stream-grpc"]:
+        ours, base = (
+            by_key[("stream-grpc", max_tokens, concurrency)],
+            by_key.get(("bare-stream", max_tokens, concurrency)),
+        )
+        if base is None or ours["ttft_p50_ms"] is None or base["ttft_p50_ms"] is None or concurrency not in (1, 256):
+            continue
+        if concurrency == 1:
+            added = ours["ttft_p50_ms"] - base["ttft_p50_ms"]
+            verdict = "met" if added <= 5 else "NOT met"
+            lines.append(
+                f"TTFT p50 at {max_tokens} tokens x 1: +{added:.1f} ms over bare-stream (target <= 5) {verdict}"
+            )
+        else:
+            ratio = ours["ttft_p50_ms"] / base["ttft_p50_ms"]
+            verdict = "met" if ratio <= 1.5 else "NOT met"
+            lines.append(f"TTFT p50 at {max_tokens} tokens x 256: {ratio:.2f}x bare-stream (target <= 1.5) {verdict}")
+    return lines
 
 
 def plot(rows: list[dict[str, Any]], target: Path) -> None:
@@ -483,23 +728,96 @@ def plot(rows: list[dict[str, Any]], target: Path) -> None:
     fig.savefig(target, dpi=110)
 
 
+# The run -------------------------------------------------------------------------------------------------
+
+
+def levels_for(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [
+        {"concurrency": c, "max_tokens": m, "requests": requests_for(c, args.quick)}
+        for m in args.max_tokens
+        for c in args.levels
+    ]
+
+
+def profiled_level(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(levels, key=lambda level: (level["concurrency"], level["max_tokens"]))
+
+
+async def run_triton(args, setup: BenchSetup, paths, levels, prompts, tokenizer, record, progress) -> None:
+    env_before = os.environ.get("TRITON_VLLM_CORE_STATS_SECONDS")
+    if args.profile:
+        os.environ["TRITON_VLLM_CORE_STATS_SECONDS"] = "2"  # the core logs its counters (core/core_stats.py)
+    server = start_on_free_ports(setup.repo, args.out / "triton.log")
+    if env_before is None:
+        os.environ.pop("TRITON_VLLM_CORE_STATS_SECONDS", None)
+    try:
+        client = TritonPaths(server)
+        await client.open()
+        senders = {
+            "plain-grpc": client.grpc_infer(setup.plain, tokenizer),
+            "plain-http": client.http_generate(setup.plain, tokenizer),
+            "stream-grpc": client.grpc_stream(setup.streaming, tokenizer),
+            "vllm-backend-stream": client.grpc_stream(VLLM_BACKEND_MODEL, tokenizer),
+        }
+        for path in paths:
+            if path.startswith("extra:"):
+                senders[path] = client.grpc_infer(path.removeprefix("extra:"), tokenizer)
+            elif path.startswith("extra-stream:"):
+                senders[path] = client.grpc_stream(path.removeprefix("extra-stream:"), tokenizer)
+        pgid = server.process.pid
+        for rep in range(args.reps):
+            for path in paths:
+                progress.set_description(f"{path} (rep {rep + 1})")
+                for level in levels:
+                    watch = ServerWatch(pgid, server) if args.profile else None
+                    recorders = []
+                    if args.profile and rep == 0 and level is profiled_level(levels):
+                        recorders = start_py_spy(pgid, args.profile_seconds, args.out / "profiles", path)
+                    record(path, rep, level, await measure(senders[path], prompts, level, pgid, progress, watch))
+                    for recorder in recorders:
+                        recorder.wait(timeout=args.profile_seconds + 30)
+        await client.close()
+    finally:
+        server.stop()
+
+
+async def run_vllm_serve(args, setup: BenchSetup, paths, levels, prompts, record, progress) -> None:
+    serve = VllmServe(setup.engine_args, args.out / "vllm-serve.log")
+    await serve.start()
+    try:
+        for rep in range(args.reps):
+            for path in paths:
+                progress.set_description(f"{path} (rep {rep + 1})")
+                for level in levels:
+                    watch = ServerWatch(serve.process.pid, None) if args.profile else None
+                    recorders = []
+                    if args.profile and rep == 0 and level is profiled_level(levels):
+                        recorders = start_py_spy(serve.process.pid, args.profile_seconds, args.out / "profiles", path)
+                    send = serve.client(path.endswith("stream"))
+                    record(path, rep, level, await measure(send, prompts, level, serve.process.pid, progress, watch))
+                    for recorder in recorders:
+                        recorder.wait(timeout=args.profile_seconds + 30)
+    finally:
+        await serve.stop()
+
+
 async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    build_tiny_model(TINY_MODEL)
-    repo, engine_args, engine_env = bench_repository(out)
-    os.environ.update(engine_env)  # server_environment() copies it into every engine process of every path
-    prompts = build_prompts(TINY_MODEL)
-    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
-    levels = [
-        {"concurrency": c, "max_tokens": m, "requests": requests_for(c, args.quick)}
-        for m in args.max_tokens
-        for c in args.levels
-    ]
-    paths = list(args.paths) + [f"extra:{name}" for name in args.extra_model]
+    setup = bench_repository(out, args.deployment, args.variables)
+    if args.vllm_backend is not None:
+        add_vllm_backend(setup, args.vllm_backend)
+    elif "vllm-backend-stream" in args.paths:
+        raise SystemExit("bench: the path vllm-backend-stream needs --vllm-backend DIR")
+    os.environ.update(setup.engine_env)  # server_environment() copies it into every engine process of every path
+    prompts = build_prompts(setup.tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer)
+    levels = levels_for(args)
+    paths = list(args.paths) + [f"extra:{n}" for n in args.extra_model]
+    paths += [f"extra-stream:{n}" for n in args.extra_stream_model]
     total = sum(level["requests"] for level in levels) * args.reps * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
     results: list[LevelResult] = []
@@ -507,69 +825,41 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
         results.append(LevelResult(path, level["max_tokens"], level["concurrency"], rep, level["requests"], **measured))
 
-    for rep in range(args.reps):
-        for path in [p for p in paths if p.startswith("bare")]:
-            progress.set_description(f"{path} (rep {rep + 1})")
-            measured = run_bare(engine_args, prompts, levels, path == "bare-stream", out / f"{path}-{rep}.log")
-            for level, m in zip(levels, measured, strict=True):
-                record(path, rep, level, m)
-                progress.update(level["requests"])
-
-        for path in [p for p in paths if p.startswith("vllm-serve")]:
-            progress.set_description(f"{path} (rep {rep + 1})")
-            serve = VllmServe(engine_args, out / f"{path}-{rep}.log")
-            await serve.start()
-            try:
-                for level in levels:
-                    record(
-                        path,
-                        rep,
-                        level,
-                        await measure(
-                            serve.client(path.endswith("stream")), prompts, level, serve.process.pid, progress
-                        ),
-                    )
-            finally:
-                await serve.stop()
-
-        triton_paths = [p for p in paths if not p.startswith(("bare", "vllm-serve"))]
-        if triton_paths:
-            server = start_on_free_ports(repo, out / f"triton-{rep}.log")
-            try:
-                client = TritonPaths(server, "vllm_model", "vllm_model_stream")
-                await client.open()
-                senders = {
-                    "plain-grpc": client.grpc_infer("vllm_model", tokenizer),
-                    "plain-http": client.http_generate(tokenizer),
-                    "stream-grpc": client.grpc_stream(tokenizer),
-                }
-                for path in triton_paths:
-                    progress.set_description(f"{path} (rep {rep + 1})")
-                    send = (
-                        client.grpc_infer(path[len("extra:") :], tokenizer)
-                        if path.startswith("extra:")
-                        else senders[path]
-                    )
-                    for level in levels:
-                        record(path, rep, level, await measure(send, prompts, level, server.process.pid, progress))
-                await client.close()
-            finally:
-                server.stop()
+    bare = [p for p in paths if p.startswith("bare")]
+    if bare:
+        progress.set_description(", ".join(bare))
+        spec = {"engine_args": setup.engine_args, "prompts": prompts, "levels": levels, "paths": bare}
+        for item in run_bare({**spec, "reps": args.reps}, out / "bare.log"):
+            record(item["path"], item["rep"], item["level"], item["measured"])
+            progress.update(item["level"]["requests"])
+    served = [p for p in paths if p.startswith("vllm-serve")]
+    if served:
+        await run_vllm_serve(args, setup, served, levels, prompts, record, progress)
+    triton = [p for p in paths if p in TRITON_PATHS or p.startswith("extra")]
+    if triton:
+        await run_triton(args, setup, triton, levels, prompts, tokenizer, record, progress)
     progress.close()
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deployment", type=Path, help="the deployment file to render and measure")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="${NAME} in the file")
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
     parser.add_argument("--max-tokens", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of every level, inside one engine start")
     parser.add_argument(
         "--paths",
-        type=lambda s: s.split(","),
+        type=lambda s: [p for p in s.split(",") if p],
         default=["bare", "vllm-serve", "plain-grpc", "plain-http", "stream-grpc"],
     )
     parser.add_argument("--extra-model", action="append", default=[])
+    parser.add_argument("--extra-stream-model", action="append", default=[])
+    parser.add_argument("--vllm-backend", type=Path, help="src/ of a triton-inference-server/vllm_backend checkout")
+    parser.add_argument("--merge", action="store_true", help="add this run to OUT/results.json instead of replacing")
+    parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
+    parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests per level")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
@@ -579,21 +869,45 @@ def main(argv: list[str] | None = None) -> int:
         spec_file, out_file = args.bare_worker
         out_file.write_text(json.dumps(asyncio.run(bare_worker(json.loads(spec_file.read_text())))))
         return 0
+    args.variables = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--set {item!r}: expected NAME=VALUE")
+        args.variables[name] = value
 
     started = time.time()
+    results_file = args.out / "results.json"
+    earlier = load_runs(results_file) if args.merge else []
     results = asyncio.run(run_all(args))
-    rows = summarize(results)
+    # Repetitions of a merged run continue the numbering of the runs already there.
+    for path in {r.path for r in results}:
+        offset = 1 + max((r.rep for r in earlier if r.path == path), default=-1)
+        for r in results:
+            if r.path == path:
+                r.rep += offset
+    everything = earlier + results
+    rows = summarize(everything)
+    commands = (json.loads(results_file.read_text()).get("commands", []) if args.merge and earlier else []) + [
+        {
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        }
+    ]
     doc = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "engine_overrides": BENCH_ENGINE_OVERRIDES,
+        "commands": commands,
+        "deployment": str(args.deployment or "deployments/default.yaml + BENCH_ENGINE_OVERRIDES"),
         "summary": rows,
-        "runs": [asdict(r) for r in results],
+        "targets": target_lines(rows),
+        "runs": [asdict(r) for r in everything],
     }
-    (args.out / "results.json").write_text(json.dumps(doc, indent=1))
+    results_file.write_text(json.dumps(doc, indent=1))
     plot(rows, args.out / "bench.png")
     print_table(rows)
-    print(f"\nresults: {args.out / 'results.json'}  plot: {args.out / 'bench.png'}")
+    print()
+    for line in doc["targets"]:
+        print(line)
+    print(f"\nresults: {results_file}  plot: {args.out / 'bench.png'}")
     return 0
 
 

@@ -109,6 +109,19 @@ class HealthConfig:
 
 
 @dataclass
+class CoreConfig:
+    # Threads that send the core's responses to Triton; each send is a round trip to tritonserver, so several
+    # threads keep several in flight (a request stays on one thread: its responses keep their order).
+    sender_threads: int = 1
+    # Python's GIL switch interval in the core's stub, in ms (0: Python's default, 5 ms). A thread back from an
+    # IPC wait waits up to this long for the GIL while the engine loop computes.
+    switch_interval_ms: float = 0.0
+    # Streamed responses per second the core aims at, across all streams (0: no limit): under load each stream's
+    # deltas are merged over len(streams) / this many seconds instead of stream_interval_ms.
+    stream_max_responses_per_s: int = 0
+
+
+@dataclass
 class Deployment:
     model: str
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -127,6 +140,7 @@ class Deployment:
     # never wait). 0: every delta as soon as the core's sender is free (queued ones still merge).
     stream_interval_ms: int = 0
     health: HealthConfig = field(default_factory=HealthConfig)
+    core: CoreConfig = field(default_factory=CoreConfig)
     # "ensemble": the public names are ensembles (pre -> core/generate -> post). "bls": they are Python entry
     # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
     # the engine request on Triton 2.51 (an ensemble step never sees it; DESIGN.md rule 5).
@@ -173,6 +187,7 @@ _NESTED = {
     "ChatTemplateConfig": ChatTemplateConfig,
     "ImagesConfig": ImagesConfig,
     "HealthConfig": HealthConfig,
+    "CoreConfig": CoreConfig,
 }
 _SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict[str, Any]": dict, "dict[str, str]": dict}
 
@@ -299,6 +314,12 @@ def check_deployment(deployment: Deployment) -> None:
             raise ConfigError(
                 f"chat_template.file: no such file {template.file!r} (relative to the config file's folder)"
             )
+    if not 1 <= deployment.core.sender_threads <= 64:
+        raise ConfigError(f"core.sender_threads: {deployment.core.sender_threads} is outside 1..64")
+    if not 0 <= deployment.core.switch_interval_ms <= 100:
+        raise ConfigError(f"core.switch_interval_ms: {deployment.core.switch_interval_ms} is outside 0..100")
+    if deployment.core.stream_max_responses_per_s < 0:
+        raise ConfigError("core.stream_max_responses_per_s: must be >= 0 (0: no limit)")
     if deployment.health.max_restarts < 1:
         raise ConfigError("health.max_restarts: must be >= 1 (to never restart, set health.restart_engine: false)")
     if not 0 <= deployment.health.restart_backoff_seconds <= 3600:
@@ -643,6 +664,9 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
             "restart_engine": "true" if deployment.health.restart_engine else "false",
             "max_engine_restarts": str(deployment.health.max_restarts),
             "restart_backoff_seconds": str(float(deployment.health.restart_backoff_seconds)),
+            "sender_threads": str(deployment.core.sender_threads),
+            "switch_interval_ms": str(float(deployment.core.switch_interval_ms)),
+            "stream_max_responses_per_s": str(deployment.core.stream_max_responses_per_s),
         },
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
