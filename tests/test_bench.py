@@ -1,0 +1,61 @@
+"""tools/bench.py's bookkeeping (no engine): baselines, summary, the issue's targets, merging split runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.bench import LevelResult, baseline_of, load_runs, summarize, target_lines
+
+
+def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
+    ttfts = [ttft] if ttft is not None else []
+    return LevelResult(path, 256, concurrency, rep, 8, 1.0, int(tokens_per_s), 2.0, [1.0], ttfts)
+
+
+def test_streamed_paths_are_held_against_the_streamed_bare_engine():
+    assert baseline_of("stream-grpc") == "bare-stream"
+    assert baseline_of("vllm-backend-stream") == "bare-stream"
+    assert baseline_of("extra-stream:my_model") == "bare-stream"
+    assert baseline_of("plain-grpc") == "bare"
+    assert baseline_of("vllm-serve") == "bare"
+
+
+def test_summary_takes_medians_over_repetitions_and_ratios_to_the_right_baseline():
+    runs = [_run("bare", v, rep=i) for i, v in enumerate((100, 300, 200))]
+    runs += [_run("bare-stream", 400)]
+    runs += [_run("plain-grpc", v, rep=i) for i, v in enumerate((150, 190, 170))]
+    runs += [_run("stream-grpc", 360)]
+    rows = {row["path"]: row for row in summarize(runs)}
+    assert rows["bare"]["tokens_per_s"] == 200 and rows["bare"]["reps"] == 3
+    assert (rows["plain-grpc"]["tokens_per_s_min"], rows["plain-grpc"]["tokens_per_s_max"]) == (150, 190)
+    assert rows["plain-grpc"]["ratio"] == pytest.approx(170 / 200)
+    assert rows["stream-grpc"]["ratio"] == pytest.approx(360 / 400)  # against bare-stream, not bare
+
+
+def test_targets_say_met_or_not_per_level_and_judge_ttft():
+    runs = [
+        _run("bare", 100, 256),
+        _run("plain-grpc", 96, 256),
+        _run("bare-stream", 100, 256, ttft=0.1),
+        _run("stream-grpc", 80, 256, ttft=0.2),
+        _run("bare-stream", 10, 1, ttft=0.010),
+        _run("stream-grpc", 10, 1, ttft=0.012),
+    ]
+    lines = target_lines(summarize(runs))
+    assert "plain-grpc / bare at 256 tokens x 256: 0.96 (target >= 0.95) met" in lines
+    assert "stream-grpc / bare-stream at 256 tokens x 256: 0.80 (target >= 0.9) NOT met" in lines
+    assert "TTFT p50 at 256 tokens x 1: +2.0 ms over bare-stream (target <= 5) met" in lines
+    assert "TTFT p50 at 256 tokens x 256: 2.00x bare-stream (target <= 1.5) NOT met" in lines
+
+
+def test_a_results_file_loads_back_for_merging(tmp_path: Path):
+    from dataclasses import asdict
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"runs": [asdict(_run("bare", 100)) | {"field_of_a_newer_version": 1}]}))
+    (loaded,) = load_runs(results)
+    assert loaded.path == "bare" and loaded.tokens_per_second == 100
+    assert load_runs(tmp_path / "missing.json") == []
