@@ -134,7 +134,7 @@ def _config(tmp_path: Path, text: str) -> Path:
         ),
         (
             "model: ./m\npostprocess: {class: 'tests.custom_stages:NeedsRequestInput'}\n",
-            "(DESIGN.md rule 2.2)",
+            "(Triton refuses an ensemble step that mixes a decoupled step's outputs with other tensors at load time)",
         ),
         (
             "model: ./m\npostprocess: {class: 'tests.custom_stages:EngineResponseAsFloat'}\n",

@@ -409,8 +409,9 @@ def load_stage(role: str, value: str) -> type:
     if getattr(cls, "decoupled", False):
         # Rule 2.1: a decoupled step would make the plain ensemble decoupled (no more HTTP /infer, ModelInfer).
         raise ConfigError(
-            f"{where}: {cls.__name__} declares decoupled = True; stages run as non-decoupled models (the plain"
-            " ensemble must stay non-decoupled, DESIGN.md rule 2.1): produce one response per request"
+            f"{where}: {cls.__name__} declares decoupled = True; stages run as non-decoupled models (Triton makes"
+            " an ensemble with a decoupled step decoupled, and a decoupled model refuses HTTP /infer and gRPC"
+            " ModelInfer): produce one response per request"
         )
     return cls
 
@@ -448,8 +449,9 @@ def check_wiring(pre_cls: type, post_cls: type, names: Names) -> None:
         raise ConfigError(
             f"postprocess.class: {post_cls.__name__} needs {foreign}, which the core ({names.core}) does not"
             f" produce (it outputs only {core_out.name!r}); a step after the decoupled core may only consume"
-            " that core's outputs (DESIGN.md rule 2.2), so these would have to come from the request and Triton"
-            " would refuse the streaming ensemble: carry per-request options in EngineRequest.postprocess_options"
+            " that core's outputs (Triton refuses an ensemble step that mixes a decoupled step's outputs with other"
+            " tensors at load time), so these would have to come from the request and Triton would refuse the"
+            " streaming ensemble: carry per-request options in EngineRequest.postprocess_options"
         )
     consumed = post_in[core_out.name]  # the only input left: inputs are never empty (load_stage)
     if _signature(consumed) != _signature(core_out):
