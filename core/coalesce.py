@@ -62,27 +62,17 @@ def coalesce(items: list[Outgoing]) -> list[Outgoing]:
 class StreamPacer:
     """Holds each request's queued responses until they are due, then hands them out merged.
 
-    A request's responses are due when one of them is final (or an error), or when the pacing interval has
-    passed since its previous send; the first response of a request is due at once. The interval is `interval`
-    seconds, or longer under load when `max_rate` (responses per second, 0: no limit) is set: with N streams
-    sending, each waits at least N / max_rate between sends, so the fixed per-response cost downstream stays
-    bounded however many streams there are. interval 0 and no max_rate: always due.
+    A request's responses are due when one of them is final (or an error), or when `interval` seconds have
+    passed since its previous send; the first response of a request is due at once. interval 0: always due.
     """
 
-    def __init__(self, interval: float, max_rate: float = 0.0) -> None:
+    def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.max_rate = max_rate
         self._pending: dict[int, list[Outgoing]] = {}  # id(sender) -> its responses not sent yet, in order
         self._last_sent: dict[int, float] = {}  # id(sender) -> when its previous response went (live requests)
 
     def __bool__(self) -> bool:
         return bool(self._pending)
-
-    def current_interval(self) -> float:
-        """The pacing interval now: `interval`, stretched by `max_rate` over the streams that are sending."""
-        if self.max_rate <= 0:
-            return self.interval
-        return max(self.interval, len(self._last_sent) / self.max_rate)
 
     def add(self, item: Outgoing) -> None:
         self._pending.setdefault(id(item.sender), []).append(item)
@@ -91,16 +81,14 @@ class StreamPacer:
         """How long until the next held response is due (None: nothing is held)."""
         if not self._pending:
             return None
-        interval = self.current_interval()
-        return max(0.0, min(self._last_sent.get(key, -interval) + interval for key in self._pending) - now)
+        return max(0.0, min(self._last_sent.get(key, -self.interval) + self.interval for key in self._pending) - now)
 
     def take_due(self, now: float, everything: bool = False) -> list[Outgoing]:
         out: list[Outgoing] = []
-        interval = self.current_interval()
         for key in list(self._pending):
             items = self._pending[key]
-            last = self._last_sent.get(key)
-            if not (everything or items[-1].final or last is None or now - last >= interval):
+            last = self._last_sent.get(key, -self.interval)
+            if not (everything or items[-1].final or now - last >= self.interval):
                 continue
             del self._pending[key]
             out.extend(coalesce(items))

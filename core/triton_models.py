@@ -257,7 +257,6 @@ class CoreModel:
         # round trip to tritonserver with the GIL released (python_backend's ResponseSender::Send): several
         # threads keep several round trips in flight. A request stays on one thread, so its order holds.
         self.stream_interval = int(_config_parameter(model_config, "stream_interval_ms", "0")) / 1000
-        self.stream_max_rate = float(_config_parameter(model_config, "stream_max_responses_per_s", "0"))
         switch_interval_ms = float(_config_parameter(model_config, "switch_interval_ms", "0"))
         if switch_interval_ms > 0:
             # A thread back from a GIL-free wait (an IPC round trip, a request arriving) waits for the GIL up to
@@ -280,7 +279,7 @@ class CoreModel:
 
     def _send_loop(self, outbox: queue.SimpleQueue[Outgoing | None]) -> None:
         """Send each request's queued responses merged, at most one per stream interval (core/coalesce.py)."""
-        pacer = StreamPacer(self.stream_interval, self.stream_max_rate / len(self._outboxes))
+        pacer = StreamPacer(self.stream_interval)
         stopping = False
         while not stopping or pacer:
             batch: list[Outgoing | None] = []

@@ -135,26 +135,6 @@ def test_the_pacer_with_interval_zero_holds_nothing_and_errors_go_at_once():
     assert slow.take_due(now=0.003) == [] and len(slow.take_due(now=0.003, everything=True)) == 1  # shutdown
 
 
-def test_the_pacer_stretches_its_interval_with_the_streams_under_a_response_rate_limit():
-    from core.coalesce import StreamPacer
-
-    pacer = StreamPacer(interval=0.01, max_rate=100.0)  # 100 responses/s across all streams
-    senders = [object() for _ in range(4)]
-    for i, sender in enumerate(senders):
-        pacer.add(Outgoing(sender, _delta(str(i), [1]), None, False))
-    assert len(pacer.take_due(now=10.0)) == 4  # first deltas never wait
-    assert pacer.current_interval() == pytest.approx(0.04)  # 4 live streams / 100 per s
-    for i, sender in enumerate(senders):
-        pacer.add(Outgoing(sender, _delta(str(i), [2]), None, False))
-    assert pacer.take_due(now=10.02) == []  # past the 10 ms floor, inside 4 / 100 s
-    assert pacer.wait_seconds(now=10.02) == pytest.approx(0.02)
-    assert len(pacer.take_due(now=10.0401)) == 4
-    pacer.add(Outgoing(senders[0], _delta("0", [3], finished=True), None, True))
-    assert len(pacer.take_due(now=10.0411)) == 1  # a final never waits
-    assert pacer.current_interval() == pytest.approx(0.03)  # 3 streams left
-    assert StreamPacer(interval=0.01).current_interval() == 0.01  # no limit: the fixed interval
-
-
 def test_core_stats_count_requests_and_sends_per_snapshot():
     from core.core_stats import CoreStats
 

@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
 from tools.triton_server import (  # noqa: E402
@@ -201,27 +202,25 @@ class ServerWatch:
 
     def __init__(self, pgid: int, triton: TritonServer | None) -> None:
         self.pgid, self.triton = pgid, triton
+        self.process_cpu: dict[str, float] | None = None
+        self.triton_stats: dict[str, dict[str, float]] | None = None
 
-    def __enter__(self) -> ServerWatch:
+    def start(self) -> None:
         self._cpu = group_processes(self.pgid)
-        self._stats = triton_model_stats(self.triton) if self.triton is not None else None
-        return self
+        self._stats = triton_model_stats(self.triton) if self.triton is not None else {}
 
-    def __exit__(self, *exc: object) -> None:
-        after = group_processes(self.pgid)
-        self.process_cpu = {
-            name: round(cpu - self._cpu.get(pid, (name, 0.0))[1], 3)
-            for pid, (name, cpu) in after.items()
-            if cpu - self._cpu.get(pid, (name, 0.0))[1] > 0.005
-        }
-        self.triton_stats = None
+    def stop(self) -> None:
+        self.process_cpu = {}
+        for pid, (name, cpu) in group_processes(self.pgid).items():
+            used = cpu - self._cpu.get(pid, (name, 0.0))[1]
+            if used > 0.005:
+                self.process_cpu[name] = round(used, 3)
         if self.triton is not None:
-            now = triton_model_stats(self.triton)
-            self.triton_stats = {
-                model: {key: round(value - self._stats.get(model, {}).get(key, 0.0), 3) for key, value in v.items()}
-                for model, v in now.items()
-                if v.get("success_count", 0) != self._stats.get(model, {}).get("success_count", 0)
-            }
+            self.triton_stats = {}
+            for model, now in triton_model_stats(self.triton).items():
+                before = self._stats.get(model, {})
+                if now.get("success_count", 0) != before.get("success_count", 0):
+                    self.triton_stats[model] = {key: round(v - before.get(key, 0.0), 3) for key, v in now.items()}
 
 
 def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subprocess.Popen]:
@@ -466,12 +465,12 @@ async def measure(send, prompts, level: dict[str, Any], pgid: int | None, progre
     cpu_before = process_group_cpu(pgid) if pgid else None
     client_before = time.process_time()
     if watch is not None:
-        watch.__enter__()
+        watch.start()
     samples, wall = await run_level(
         send, prompts, level["concurrency"], level["requests"], level["max_tokens"], progress
     )
     if watch is not None:
-        watch.__exit__(None, None, None)
+        watch.stop()
     cpu = process_group_cpu(pgid) - cpu_before if pgid else None
     return {
         "wall": wall,
@@ -480,8 +479,8 @@ async def measure(send, prompts, level: dict[str, Any], pgid: int | None, progre
         "latencies": [round(s.latency, 5) for s in samples],
         "ttfts": [round(s.ttft, 5) for s in samples if s.ttft is not None],
         "client_cpu_seconds": time.process_time() - client_before,
-        "process_cpu": getattr(watch, "process_cpu", None),
-        "triton_stats": getattr(watch, "triton_stats", None),
+        "process_cpu": None if watch is None else watch.process_cpu,
+        "triton_stats": None if watch is None else watch.triton_stats,
     }
 
 
@@ -744,12 +743,16 @@ def profiled_level(levels: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def run_triton(args, setup: BenchSetup, paths, levels, prompts, tokenizer, record, progress) -> None:
-    env_before = os.environ.get("TRITON_VLLM_CORE_STATS_SECONDS")
+    before = os.environ.get(CORE_STATS_KEY)
     if args.profile:
-        os.environ["TRITON_VLLM_CORE_STATS_SECONDS"] = "2"  # the core logs its counters (core/core_stats.py)
-    server = start_on_free_ports(setup.repo, args.out / "triton.log")
-    if env_before is None:
-        os.environ.pop("TRITON_VLLM_CORE_STATS_SECONDS", None)
+        os.environ[CORE_STATS_KEY] = "2"  # the core logs its counters every 2 s (core/core_stats.py)
+    try:
+        server = start_on_free_ports(setup.repo, args.out / "triton.log")
+    finally:
+        if before is None:
+            os.environ.pop(CORE_STATS_KEY, None)
+        else:
+            os.environ[CORE_STATS_KEY] = before
     try:
         client = TritonPaths(server)
         await client.open()

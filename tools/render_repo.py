@@ -116,9 +116,6 @@ class CoreConfig:
     # Python's GIL switch interval in the core's stub, in ms (0: Python's default, 5 ms). A thread back from an
     # IPC wait waits up to this long for the GIL while the engine loop computes.
     switch_interval_ms: float = 0.0
-    # Streamed responses per second the core aims at, across all streams (0: no limit): under load each stream's
-    # deltas are merged over len(streams) / this many seconds instead of stream_interval_ms.
-    stream_max_responses_per_s: int = 0
 
 
 @dataclass
@@ -318,8 +315,6 @@ def check_deployment(deployment: Deployment) -> None:
         raise ConfigError(f"core.sender_threads: {deployment.core.sender_threads} is outside 1..64")
     if not 0 <= deployment.core.switch_interval_ms <= 100:
         raise ConfigError(f"core.switch_interval_ms: {deployment.core.switch_interval_ms} is outside 0..100")
-    if deployment.core.stream_max_responses_per_s < 0:
-        raise ConfigError("core.stream_max_responses_per_s: must be >= 0 (0: no limit)")
     if deployment.health.max_restarts < 1:
         raise ConfigError("health.max_restarts: must be >= 1 (to never restart, set health.restart_engine: false)")
     if not 0 <= deployment.health.restart_backoff_seconds <= 3600:
@@ -668,7 +663,6 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
             "restart_backoff_seconds": str(float(deployment.health.restart_backoff_seconds)),
             "sender_threads": str(deployment.core.sender_threads),
             "switch_interval_ms": str(float(deployment.core.switch_interval_ms)),
-            "stream_max_responses_per_s": str(deployment.core.stream_max_responses_per_s),
         },
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
