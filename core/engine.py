@@ -23,6 +23,7 @@ from typing import Any
 from core.interface import InvalidInput, Unavailable
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
 from core.token_windows import TokenWindows, decode_options
+from core.vllm_version import check_vllm_version
 
 log = logging.getLogger("vllm_core")
 if not log.handlers:  # the stub's Python configures no logging: warnings would print bare, without a source
@@ -245,6 +246,9 @@ class Engine:
         try:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
+            warning = check_vllm_version()
+            if warning:
+                log.warning(warning)
             self._llm = self._new_llm()
             if self._offload_detokenization and self._llm.tokenizer is not None:
                 from postprocess.detokenize import sync_token_ids

