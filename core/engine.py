@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import itertools
 import locale
@@ -145,6 +146,15 @@ def _rgb_image(doc: dict[str, Any]) -> Any:
     return Image.frombytes("RGB", (int(doc["width"]), int(doc["height"])), base64.b64decode(doc["rgb"]))
 
 
+@functools.cache
+def sampling_param_fields() -> frozenset[str]:
+    """The installed vLLM's SamplingParams fields (a msgspec Struct)."""
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    return frozenset(f.name for f in msgspec.structs.fields(SamplingParams))
+
+
 def sampling_params(request: EngineRequest, offload_detokenization: bool) -> Any:
     """vLLM SamplingParams for a request; vLLM's own validation errors become InvalidInput."""
     from vllm.sampling_params import (
@@ -156,6 +166,15 @@ def sampling_params(request: EngineRequest, offload_detokenization: bool) -> Any
 
     params = dict(request.sampling)
     params.pop("lora_name", None)
+    # preprocess knows the newest supported vLLM's fields; an older installed vLLM may lack some.
+    missing = sorted(set(params) - sampling_param_fields())
+    if missing:
+        import vllm
+
+        raise InvalidInput(
+            f"sampling parameter {missing[0]!r} is not supported by the installed vLLM {vllm.__version__} "
+            "(a newer vLLM has it)"
+        )
     structured = params.pop("structured_outputs", None)
     if structured is not None:
         params["structured_outputs"] = StructuredOutputsParams(**structured)

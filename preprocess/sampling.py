@@ -245,6 +245,12 @@ SAMPLING_RULES: dict[str, Rule] = {
     "lora_name": _rule(_to_str),
 }
 
+# Fields of vLLM 0.32's SamplingParams that vLLM 0.26 (the oldest supported) lacks. Checked here like the others;
+# on a vLLM without them the core refuses them by name (INVALID_ARG), before SamplingParams would.
+NEWER_VLLM_ONLY = frozenset(
+    {"prompt_logprob_start", "stream_interval", "watermarking", "prompt_logprob_token_ids", "trace_decode_token_ids"}
+)
+
 # SamplingParams fields a client may not set here, and why (the message the client gets).
 NOT_SETTABLE: dict[str, str] = {
     "output_kind": "the core sets it from `stream`",

@@ -24,7 +24,8 @@ GREEDY = {"temperature": 0, "max_tokens": 16}
 
 CUSTOM_DEPLOYMENT = """
 model: {model}
-engine_args: {{enforce_eager: true, max_model_len: 512, kv_cache_memory_bytes: 268435456, disable_log_stats: true}}
+engine_args: {{enforce_eager: true, max_model_len: 512, kv_cache_memory_bytes: 268435456, gpu_memory_utilization: 0.05,
+  disable_log_stats: true}}
 preprocess: {{class: raw}}
 postprocess:
   class: tests.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path

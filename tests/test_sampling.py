@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.interface import InvalidInput
-from preprocess.sampling import NOT_SETTABLE, SAMPLING_RULES, validate_sampling
+from preprocess.sampling import NEWER_VLLM_ONLY, NOT_SETTABLE, SAMPLING_RULES, validate_sampling
 
 
 def test_every_rule_is_a_vllm_sampling_param():
@@ -22,7 +22,7 @@ def test_every_rule_is_a_vllm_sampling_param():
         else set(SamplingParams.__annotations__)
     )
     ours = set(SAMPLING_RULES) - {"lora_name", "guided_decoding"}
-    assert ours <= fields, ours - fields
+    assert ours - fields <= NEWER_VLLM_ONLY, ours - fields - NEWER_VLLM_ONLY  # an older vLLM lacks only those
 
 
 def test_every_client_settable_vllm_sampling_param_has_a_rule():
@@ -32,7 +32,7 @@ def test_every_client_settable_vllm_sampling_param_has_a_rule():
 
     public = {f.name for f in msgspec.structs.fields(SamplingParams) if not f.name.startswith("_")}
     assert public - set(SAMPLING_RULES) - set(NOT_SETTABLE) == set()
-    assert set(NOT_SETTABLE) <= public
+    assert set(NOT_SETTABLE) - public <= NEWER_VLLM_ONLY
 
 
 @pytest.mark.parametrize("key", sorted(NOT_SETTABLE))
@@ -167,12 +167,18 @@ def test_any_json_is_accepted_typed_or_rejected_with_a_message(doc, parameters):
 def _vllm_accepts(checked: dict) -> None:
     """What preprocess accepts, vLLM's SamplingParams accepts too, built exactly as the core builds it (only
     model-dependent checks, such as vocabulary ranges or max_logprobs, are left to the engine)."""
-    from core.engine import sampling_params
+    from core.engine import sampling_param_fields, sampling_params
     from core.protocol import EngineRequest
 
     request = EngineRequest.from_json(EngineRequest(sampling=checked).to_json())  # as it travels
+    newer = set(checked) - {"lora_name"} - sampling_param_fields()
     for offload in (False, True):
-        sampling_params(request, offload_detokenization=offload)
+        if newer:  # a field of a newer vLLM than the installed one: refused by name
+            assert newer <= NEWER_VLLM_ONLY, newer
+            with pytest.raises(InvalidInput, match="is not supported by the installed vLLM"):
+                sampling_params(request, offload_detokenization=offload)
+        else:
+            sampling_params(request, offload_detokenization=offload)
 
 
 structured = st.fixed_dictionaries(
