@@ -18,9 +18,11 @@ ALL = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 def test_the_examples_are_the_ones_documented():
     assert ALL == [
         "gpu-bench-1b.yaml",
+        "gpu-llama-8b-local.yaml",
         "gpu-llama-8b.yaml",
         "multi-lora.yaml",
         "openai.yaml",
+        "tensor-parallel-2-local.yaml",
         "tensor-parallel-2.yaml",
         "tiny.yaml",
         "vision-language.yaml",
@@ -60,6 +62,13 @@ def test_tensor_parallel_example_runs_one_kind_model_engine_over_two_gpus(tmp_pa
     files = _render("tensor-parallel-2.yaml", tmp_path)
     assert json.loads(files["vllm_core/1/model.json"])["tensor_parallel_size"] == 2
     assert "instance_group {\n  count: 1\n  kind: KIND_MODEL\n}" in files["vllm_core/config.pbtxt"]
+
+
+def test_local_tensor_parallel_example_differs_from_its_single_gpu_sibling_only_in_tp(tmp_path: Path):
+    one = json.loads(_render("gpu-llama-8b-local.yaml", tmp_path / "one")["vllm_core/1/model.json"])
+    two = json.loads(_render("tensor-parallel-2-local.yaml", tmp_path / "two")["vllm_core/1/model.json"])
+    assert two.pop("tensor_parallel_size") == 2 and two.pop("distributed_executor_backend") == "mp"
+    assert one == two
 
 
 def test_multi_lora_example_lists_its_adapters_for_the_core_and_preprocess(tmp_path: Path):

@@ -23,3 +23,13 @@ def test_builds_the_shape_once_and_again_when_the_shape_changes(tmp_path: Path):
     assert weights.stat().st_mtime_ns == first  # unchanged script and shape: skipped
     build(out, {**TINY_SHAPE, "layers": 2})
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+def test_a_larger_vocabulary_than_the_tokenizers(tmp_path: Path):
+    out = build(tmp_path / "llama", {**TINY_SHAPE, "vocab": 4000})
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 4000
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as weights:
+        assert weights.get_slice("lm_head.weight").get_shape() == [4000, 64]

@@ -1,12 +1,13 @@
 """A random-weight Llama of a real model's shape, for GPU benchmarks without a download.
 
     python tools/build_random_llama.py [--out DIR] [--force] [--layers 16 --hidden 2048 --intermediate 8192
-                                       --heads 32 --kv-heads 8]
+                                       --heads 32 --kv-heads 8 --vocab 0]
 
 The default shape is Llama-3.2-1B's (0.98 B parameters in bf16) with the tiny model's BPE tokenizer and chat
 template (tools/build_tiny_model.py, built first if missing), written to models/llama-1b: the checkpoint that
 deployments/examples/gpu-bench-1b.yaml serves. Llama-3.1-8B's shape: --layers 32 --hidden 4096
---intermediate 14336 --heads 32 --kv-heads 8. Real GPU work per step; the text it writes is nonsense. A build is
+--intermediate 14336 --heads 32 --kv-heads 8 --vocab 128256 (8.0 B parameters; models/llama-8b is what
+deployments/examples/gpu-llama-8b-local.yaml serves). Real GPU work per step; the text it writes is nonsense. A build is
 skipped while this script and the shape are unchanged (tools/offline_build.py's stamp).
 """
 
@@ -37,8 +38,11 @@ def build(out: Path, shape: dict[str, int], force: bool = False) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(TINY_MODEL))
+    # A vocabulary larger than the tokenizer's (e.g. Llama 3's 128256) gives the real embedding and lm_head cost;
+    # the extra rows are ids the tokenizer never produces.
+    vocab_size = max(shape.get("vocab", 0), len(tokenizer))
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=shape["hidden"],
         intermediate_size=shape["intermediate"],
         num_hidden_layers=shape["layers"],
@@ -72,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
     for key, default in SHAPE_1B.items():
         parser.add_argument("--" + key.replace("_", "-"), type=int, default=default)
+    parser.add_argument("--vocab", type=int, default=0, help="vocabulary size (default: the tokenizer's)")
     args = parser.parse_args(argv)
-    out = build(args.out.resolve(), {key: getattr(args, key) for key in SHAPE_1B}, force=args.force)
+    shape = {key: getattr(args, key) for key in SHAPE_1B}
+    if args.vocab:
+        shape["vocab"] = args.vocab
+    out = build(args.out.resolve(), shape, force=args.force)
     print(f"random Llama ready in {out}")
     return 0
 
