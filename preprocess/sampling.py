@@ -223,7 +223,9 @@ SAMPLING_RULES: dict[str, Rule] = {
     "stop_token_ids": _rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
     "bad_words": _rule(_str_list, _non_empty_strings, "bad words must not be empty"),
     "ignore_eos": _BOOL,
-    "max_tokens": _rule(_to_int, lambda v: v >= 1, "must be >= 1"),
+    # Beyond the context is accepted (generation stops there, finish reason "length"); the bound keeps
+    # absurd values out of the engine's 64-bit fields.
+    "max_tokens": _rule(_to_int, lambda v: 1 <= v < 2**63, "must be >= 1 (and below 2**63)"),
     "min_tokens": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
     "logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
     "prompt_logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),

@@ -38,6 +38,9 @@ def test_raw_preprocess_keeps_the_vllm_backend_rules():
         _raw()
     with pytest.raises(InvalidInput, match="lora_name"):
         _raw(text_input=_text("Hi"), sampling_parameters=_text('{"lora_name": "b"}'))
+    # max_tokens beyond the context goes to vLLM as it is: vLLM stops at the context (no tokenizer here)
+    beyond = _raw(text_input=_text("Hi"), sampling_parameters=_text('{"max_tokens": 1500}'))
+    assert beyond.sampling["max_tokens"] == 1500
 
 
 def _response(
