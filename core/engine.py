@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput, Unavailable
+from core.interface import InvalidInput, Unavailable, lora_error
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
 from core.token_windows import TokenWindows, decode_options
 
@@ -457,8 +457,7 @@ class Engine:
         if name is None:
             return None
         if name not in self._lora_adapters:
-            known = ", ".join(sorted(self._lora_adapters)) or "none"
-            raise InvalidInput(f"lora_name={name!r}: not an adapter of this deployment (known: {known})")
+            raise lora_error(name, sorted(self._lora_adapters))
         from vllm.lora.request import LoRARequest
 
         lora_id = sorted(self._lora_adapters).index(name) + 1

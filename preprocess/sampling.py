@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput
+from core.interface import InvalidInput, lora_error
 from core.stage import parse_bool
 
 VLLM_DEFAULT_MAX_TOKENS = 16  # SamplingParams.max_tokens when the request does not set it
@@ -319,6 +319,5 @@ def validate_sampling(
                 raise InvalidInput(f"{key}={value}: must be <= {max_logprobs} (the engine's max_logprobs)")
     lora = checked.get("lora_name")
     if lora is not None and known_loras is not None and lora not in known_loras:
-        known = ", ".join(sorted(known_loras)) or "none"
-        raise InvalidInput(f"lora_name={lora!r}: not an adapter of this deployment (known: {known})")
+        raise lora_error(lora, sorted(known_loras))
     return checked

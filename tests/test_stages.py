@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 
-from core.interface import InvalidInput
+from core.interface import STREAM_ECHO_ERROR, InvalidInput
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta, merge_responses
 from postprocess.vllm_backend import VllmBackendPostprocessor
 from preprocess.default import Preprocessor
@@ -40,7 +41,7 @@ def test_preprocess_echo_rules_follow_the_vllm_backend(preprocessor):
     assert streaming.postprocess_options["prompt_prefix"] == ""
     excluded = _request(preprocessor, text_input=_text("Hi"), exclude_input_in_output=np.array([True]))
     assert excluded.postprocess_options["prompt_prefix"] == ""
-    with pytest.raises(InvalidInput, match="exclude_input_in_output=false is not allowed when streaming"):
+    with pytest.raises(InvalidInput, match=f"^{re.escape(STREAM_ECHO_ERROR)} exclude_input_in_output=false"):
         _request(
             preprocessor, text_input=_text("Hi"), stream=np.array([True]), exclude_input_in_output=np.array([False])
         )
