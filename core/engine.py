@@ -62,6 +62,10 @@ def prepare_process_environment() -> None:
     with contextlib.suppress(locale.Error):
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Semaphores named after the server, before vLLM creates any: the launcher removes what a killed server left.
+    from core.process_names import install as name_semaphores
+
+    name_semaphores()
     # vLLM's LLaVA code imports a torchvision-only transformers module; CPU machines have no usable torchvision.
     from core.torchvision_free import install
 
