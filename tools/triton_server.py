@@ -137,6 +137,8 @@ class TritonServer:
         self.tmp_dir: Path | None = None  # created per start, removed at stop
         self.process: subprocess.Popen | None = None
         self._log_handle = None
+        # Ensemble requests Triton 2.51 never released (see stop()): model -> count, from the shutdown log
+        self.leaked_inflight: dict[str, int] = {}
 
     @property
     def http_url(self) -> str:
@@ -167,14 +169,14 @@ class TritonServer:
     def start(self) -> None:
         # Short (Unix socket paths must stay under 108 bytes), under the caller's TMPDIR
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=self.shm_prefix))
-        stdout = subprocess.DEVNULL
-        if self.log_file is not None:
-            self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
-            stdout = self._log_handle
+        if self.log_file is None:  # stop() reads Triton's shutdown messages
+            self.log_file = self.tmp_dir / "tritonserver.log"
+        self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_start = self.log_file.stat().st_size
         self.process = subprocess.Popen(
             self.command(),
             env=server_environment(self.tmp_dir, self.sem_prefix),
-            stdout=stdout,
+            stdout=self._log_handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stubs and EngineCore stop with it
         )
@@ -224,18 +226,32 @@ class TritonServer:
 
     def stop(self, grace: float | None = None) -> int | None:
         """SIGINT, wait for Triton's own shutdown, then kill whatever is left of the process group and remove
-        what its processes left in /dev/shm and in its temporary folder."""
+        what its processes left in /dev/shm and in its temporary folder.
+
+        Triton 2.51 never releases a streaming-ensemble request whose client cancelled while the core still
+        generated (README, Reliability): its shutdown then waits the whole exit timeout for requests that
+        cannot end, and exits 1 ("Exit timeout expired"). When the shutdown log names only ensembles as having
+        in-flight inferences twice in a row (a live ensemble request always has a composing one in flight),
+        the server is killed at once instead: Triton would exit the same way, only later. The counts are kept
+        in `leaked_inflight`.
+        """
         if self.process is None:
             return None
         grace = self.exit_timeout_secs + 15 if grace is None else grace
         pgid = self.process.pid
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + grace
+            while self.process.poll() is None and time.monotonic() < deadline:
+                leaked = self._only_ensembles_in_flight()
+                if leaked:
+                    self.leaked_inflight = leaked
+                    print(f"tritonserver: stopped at once; Triton never released {leaked}", file=sys.stderr)
+                    break
+                time.sleep(0.2)
+            if self.process.poll() is None:
                 self.process.kill()
-                self.process.wait()
+            self.process.wait()
         _kill_group(pgid)
         self._remove_leftovers()
         if self._log_handle is not None:
@@ -243,11 +259,43 @@ class TritonServer:
             self._log_handle = None
         return self.process.returncode
 
+    _INFLIGHT = re.compile(r"Model '([^']+)' \(version \d+\) has (\d+) in-flight inferences")
+    _INFLIGHT_ROUND = "model versions that have in-flight inferences"
+
+    def _only_ensembles_in_flight(self) -> dict[str, int]:
+        """{ensemble: count} when the last two of Triton's once-a-second shutdown reports name only ensembles."""
+        if self.log_file is None or not self.log_file.exists():
+            return {}
+        with open(self.log_file, "rb") as log:
+            log.seek(self._log_start)
+            text = log.read().decode("utf-8", errors="replace")
+        rounds = text.split(self._INFLIGHT_ROUND)[1:]  # each report: its header, then one line per model
+        if len(rounds) < 3:  # the last report may still be being written
+            return {}
+        reports = [dict((m, int(n)) for m, n in self._INFLIGHT.findall(r)) for r in rounds[-3:-1]]
+        ensembles = self.ensemble_models()
+        if all(report and set(report) <= ensembles for report in reports) and reports[0] == reports[1]:
+            return reports[1]
+        return {}
+
+    def ensemble_models(self) -> set[str]:
+        """The repository's ensembles (their config.pbtxt says platform "ensemble")."""
+        return {
+            config.parent.name
+            for config in self.model_repository.glob("*/config.pbtxt")
+            if re.search(r'^platform:\s*"ensemble"', config.read_text(encoding="utf-8"), re.MULTILINE)
+        }
+
     def _remove_leftovers(self) -> None:
         for prefix in (self.shm_prefix, f"sem.{self.sem_prefix}"):
             for path in Path("/dev/shm").glob(f"{prefix}*"):
                 path.unlink(missing_ok=True)
         if self.tmp_dir is not None:
+            if self.log_file is not None and self.log_file.parent == self.tmp_dir:
+                if self._log_handle is not None:
+                    self._log_handle.close()
+                    self._log_handle = None
+                self.log_file = None
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
             self.tmp_dir = None
 
