@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput, Unavailable
+from core.interface import InvalidInput, Unavailable, lora_error
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
 from core.token_windows import TokenWindows, decode_options
 from core.vllm_version import check_vllm_version
@@ -64,6 +64,10 @@ def prepare_process_environment() -> None:
     with contextlib.suppress(locale.Error):
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Semaphores named after the server, before vLLM creates any: the launcher removes what a killed server left.
+    from core.process_names import install as name_semaphores
+
+    name_semaphores()
     # vLLM's LLaVA code imports a torchvision-only transformers module; CPU machines have no usable torchvision.
     from core.torchvision_free import install
 
@@ -480,8 +484,7 @@ class Engine:
         if name is None:
             return None
         if name not in self._lora_adapters:
-            known = ", ".join(sorted(self._lora_adapters)) or "none"
-            raise InvalidInput(f"lora_name={name!r}: not an adapter of this deployment (known: {known})")
+            raise lora_error(name, sorted(self._lora_adapters))
         from vllm.lora.request import LoRARequest
 
         lora_id = sorted(self._lora_adapters).index(name) + 1

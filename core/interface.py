@@ -7,6 +7,7 @@ spells a tensor's type or shape.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,25 @@ class InvalidInput(ValueError):
 
 class Unavailable(RuntimeError):
     """The server cannot serve the request now (engine dead, shutting down). Adapters answer UNAVAILABLE."""
+
+
+# Error texts of the Triton vLLM backend, verbatim: its clients and its CI match them (a message starts with
+# the backend's text; ours may follow). Inside an ensemble, Triton puts "in ensemble '<name>', " before them.
+STREAM_ECHO_ERROR = "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."
+
+
+def stream_echo_error() -> InvalidInput:
+    return InvalidInput(
+        f"{STREAM_ECHO_ERROR} exclude_input_in_output=false with stream=true: leave it unset or send true"
+    )
+
+
+def lora_error(name: str, known: Sequence[str]) -> InvalidInput:
+    """The backend's two LoRA errors: no adapters served at all, or an adapter it does not serve."""
+    if not known:
+        return InvalidInput(f"LoRA feature is not enabled. lora_name={name!r}: this deployment serves no LoRA adapters")
+    # The backend prints its Python list of names: ['adapter1', 'adapter2']
+    return InvalidInput(f"LoRA {name} is not supported, we currently support {list(known)} (lora_name={name!r})")
 
 
 def _bool(name: str, doc: str) -> TensorSpec:

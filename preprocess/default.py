@@ -23,7 +23,7 @@ from core.protocol import EngineRequest
 from core.stage import Stage, bool_scalar, parse_bool, string_scalar
 from preprocess.chat import CHAT_OPTION_KEYS, parse_chat_options, parse_messages, render_chat
 from preprocess.images import ImageLimits, decode_images
-from preprocess.sampling import validate_sampling
+from preprocess.sampling import VLLM_DEFAULT_MAX_TOKENS, validate_sampling
 
 
 class Preprocessor(Stage):
@@ -105,7 +105,7 @@ class Preprocessor(Stage):
         # The vLLM backend's rule: the prompt is echoed unless excluded, and by default not when streaming.
         exclude_input = bool_scalar(inputs, tensors.EXCLUDE_INPUT_IN_OUTPUT.name, stream)
         if stream and not exclude_input:
-            raise InvalidInput("exclude_input_in_output=false is not allowed when streaming")
+            raise tensors.stream_echo_error()
         prompt, token_ids, image_sources = self._prompt(inputs, parameters)
         sampling = validate_sampling(
             string_scalar(inputs, tensors.SAMPLING_PARAMETERS.name),
@@ -113,7 +113,7 @@ class Preprocessor(Stage):
             max_logprobs=self.max_logprobs,
             known_loras=self.known_loras,
         )
-        self.check_length(len(token_ids), sampling.get("max_tokens"))
+        self.fit_to_context(len(token_ids), sampling)
         # Last: decoding is the expensive step, so a request that fails a cheap check never pays for it.
         images = decode_images(image_sources, self.image_limits, "image") if image_sources else []
         return EngineRequest(
@@ -128,7 +128,15 @@ class Preprocessor(Stage):
             },
         )
 
-    def check_length(self, prompt_tokens: int, max_tokens: int | None) -> None:
+    def fit_to_context(self, prompt_tokens: int, sampling: dict[str, Any]) -> None:
+        """A prompt that leaves no room to generate is an error; max_tokens beyond the room left is not.
+
+        The vLLM backend and vLLM itself accept such a max_tokens and stop at the context with finish reason
+        `length` (the backend's own CI sends max_tokens 1500 to a smaller context). It is clamped here to what
+        the context leaves (with min_tokens, which vLLM requires to be <= max_tokens): the same tokens and
+        finish reason as vLLM's stop at the context, and the engine never sees a value it cannot reach. The
+        count is the tokenized prompt's: an image placeholder that vLLM expands only makes it an upper bound.
+        """
         if self.max_model_len is None:
             return
         if prompt_tokens >= self.max_model_len:
@@ -136,8 +144,8 @@ class Preprocessor(Stage):
                 f"prompt is {prompt_tokens} tokens long; the model's context is {self.max_model_len} tokens"
                 " and at least one must be left to generate"
             )
-        if max_tokens is not None and prompt_tokens + max_tokens > self.max_model_len:
-            raise InvalidInput(
-                f"max_tokens={max_tokens}: the prompt's {prompt_tokens} tokens plus max_tokens exceed the model's"
-                f" context of {self.max_model_len} tokens (at most {self.max_model_len - prompt_tokens})"
-            )
+        room = self.max_model_len - prompt_tokens
+        if sampling.get("max_tokens", VLLM_DEFAULT_MAX_TOKENS) > room:
+            sampling["max_tokens"] = room
+            if sampling.get("min_tokens", 0) > room:
+                sampling["min_tokens"] = room

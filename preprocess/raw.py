@@ -43,7 +43,7 @@ class RawPreprocessor(Stage):
         # The vLLM backend's rule: the prompt is echoed unless excluded, and by default not when streaming.
         exclude_input = bool_scalar(inputs, tensors.EXCLUDE_INPUT_IN_OUTPUT.name, stream)
         if stream and not exclude_input:
-            raise InvalidInput("exclude_input_in_output=false is not allowed when streaming")
+            raise tensors.stream_echo_error()
         sampling = validate_sampling(
             string_scalar(inputs, tensors.SAMPLING_PARAMETERS.name),
             parameters,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput
+from core.interface import InvalidInput, lora_error
 from core.stage import parse_bool
 
 VLLM_DEFAULT_MAX_TOKENS = 16  # SamplingParams.max_tokens when the request does not set it
@@ -223,7 +223,9 @@ SAMPLING_RULES: dict[str, Rule] = {
     "stop_token_ids": _rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
     "bad_words": _rule(_str_list, _non_empty_strings, "bad words must not be empty"),
     "ignore_eos": _BOOL,
-    "max_tokens": _rule(_to_int, lambda v: v >= 1, "must be >= 1"),
+    # Beyond the context is accepted (generation stops there, finish reason "length"); the bound keeps
+    # absurd values out of the engine's 64-bit fields.
+    "max_tokens": _rule(_to_int, lambda v: 1 <= v < 2**63, "must be >= 1 (and below 2**63)"),
     "min_tokens": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
     "logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
     "prompt_logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
@@ -323,6 +325,5 @@ def validate_sampling(
                 raise InvalidInput(f"{key}={value}: must be <= {max_logprobs} (the engine's max_logprobs)")
     lora = checked.get("lora_name")
     if lora is not None and known_loras is not None and lora not in known_loras:
-        known = ", ".join(sorted(known_loras)) or "none"
-        raise InvalidInput(f"lora_name={lora!r}: not an adapter of this deployment (known: {known})")
+        raise lora_error(lora, sorted(known_loras))
     return checked

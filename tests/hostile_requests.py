@@ -76,11 +76,6 @@ CASES: list[Case] = [
     Case("prompt is a list of two", {"text_input": ["a", "b"]}),
     Case("10 MB prompt", {"text_input": "word " * (2 * 1024 * 1024)}, message="context"),
     Case("prompt longer than the context", {"text_input": "word " * 2000}, message="context"),
-    Case(
-        "prompt plus max_tokens over the context",
-        {"text_input": "hello", "parameters": {"max_tokens": 100000}},
-        message="max_tokens",
-    ),
     # the sampling_parameters tensor
     Case("sampling_parameters not JSON", {"text_input": "hello", "sampling_parameters": "{"}, message="sampling"),
     Case(

@@ -114,4 +114,16 @@ def test_multi_lora_example_serves_its_adapters(examples_server, base_text):
     status, copy = generate("tiny-lora-copy")
     assert (status, copy["text_output"]) == (200, adapted["text_output"])  # same weights under another name
     status, error = generate("no-such-lora")
-    assert status == 400 and "no-such-lora" in error["error"]
+    # The vLLM backend's text verbatim (Python's list of the names), after Triton's ensemble prefix
+    assert status == 400
+    assert error["error"].startswith(
+        "in ensemble 'lora_model', LoRA no-such-lora is not supported,"
+        " we currently support ['tiny-lora', 'tiny-lora-copy'] (lora_name='no-such-lora')"
+    )
+
+
+def test_lora_name_on_a_deployment_without_adapters_is_the_vllm_backends_error(examples_server):
+    payload = {"text_input": PROMPT, "parameters": {**GREEDY, "lora_name": "tiny-lora"}}
+    reply = http_generate(examples_server.http_url, payload, model="chat_model")
+    assert reply.status_code == 400
+    assert reply.json()["error"].startswith("in ensemble 'chat_model', LoRA feature is not enabled. lora_name=")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from core.interface import InvalidInput
+from core.interface import STREAM_ECHO_ERROR, InvalidInput
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta, merge_responses
 from postprocess.openai import OpenAIPostprocessor
 from preprocess.raw import RawPreprocessor
@@ -32,12 +33,15 @@ def test_raw_preprocess_sends_the_prompt_text_as_it_is():
 def test_raw_preprocess_keeps_the_vllm_backend_rules():
     streamed = _raw(text_input=_text("Hi"), stream=np.array([True]), return_finish_reason=np.array([True]))
     assert streamed.stream and streamed.postprocess_options == {"prompt_prefix": "", "return": ["return_finish_reason"]}
-    with pytest.raises(InvalidInput, match="exclude_input_in_output=false is not allowed when streaming"):
+    with pytest.raises(InvalidInput, match=f"^{re.escape(STREAM_ECHO_ERROR)} exclude_input_in_output=false"):
         _raw(text_input=_text("Hi"), stream=np.array([True]), exclude_input_in_output=np.array([False]))
     with pytest.raises(InvalidInput, match="text_input is required"):
         _raw()
-    with pytest.raises(InvalidInput, match="lora_name"):
+    with pytest.raises(InvalidInput, match=r"^LoRA b is not supported, we currently support \['a'\] \(lora_name='b'\)"):
         _raw(text_input=_text("Hi"), sampling_parameters=_text('{"lora_name": "b"}'))
+    # max_tokens beyond the context goes to vLLM as it is: vLLM stops at the context (no tokenizer here)
+    beyond = _raw(text_input=_text("Hi"), sampling_parameters=_text('{"max_tokens": 1500}'))
+    assert beyond.sampling["max_tokens"] == 1500
 
 
 def _response(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 
-from core.interface import InvalidInput
+from core.interface import STREAM_ECHO_ERROR, InvalidInput
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta, merge_responses
 from postprocess.vllm_backend import VllmBackendPostprocessor
 from preprocess.default import Preprocessor
@@ -40,7 +41,7 @@ def test_preprocess_echo_rules_follow_the_vllm_backend(preprocessor):
     assert streaming.postprocess_options["prompt_prefix"] == ""
     excluded = _request(preprocessor, text_input=_text("Hi"), exclude_input_in_output=np.array([True]))
     assert excluded.postprocess_options["prompt_prefix"] == ""
-    with pytest.raises(InvalidInput, match="exclude_input_in_output=false is not allowed when streaming"):
+    with pytest.raises(InvalidInput, match=f"^{re.escape(STREAM_ECHO_ERROR)} exclude_input_in_output=false"):
         _request(
             preprocessor, text_input=_text("Hi"), stream=np.array([True]), exclude_input_in_output=np.array([False])
         )
@@ -55,13 +56,43 @@ def test_preprocess_rejects_missing_or_malformed_prompt(preprocessor):
         preprocessor.process({"text_input": np.array([b"a", b"b"], dtype=np.object_)}, {})
 
 
-def test_preprocess_rejects_prompts_beyond_the_context(preprocessor):
-    with pytest.raises(InvalidInput, match="the model's context is 64 tokens"):
-        preprocessor.process({"text_input": _text("word " * 200)}, {})
-    with pytest.raises(InvalidInput, match="max_tokens=62: the prompt's"):
-        preprocessor.process(
-            {"text_input": _text("Hello there"), "sampling_parameters": _text('{"max_tokens": 62}')}, {}
-        )
+def test_preprocess_rejects_prompts_that_leave_no_room_to_generate(preprocessor):
+    def words(tokens: int) -> str:  # "word " * k with exactly `tokens` tokens
+        k = next(k for k in range(1, 300) if len(preprocessor.tokenizer.encode("word " * k)) == tokens)
+        return "word " * k
+
+    with pytest.raises(InvalidInput, match="prompt is 70 tokens long; the model's context is 64 tokens"):
+        preprocessor.process({"text_input": _text(words(70))}, {})
+    with pytest.raises(InvalidInput, match="prompt is 64 tokens long.* at least one must be left to generate"):
+        preprocessor.process({"text_input": _text(words(64))}, {})
+    # One token of room is enough, however large max_tokens is
+    assert _sampling(preprocessor, words(63), {"max_tokens": 1500})["max_tokens"] == 1
+
+
+def _sampling(preprocessor, prompt: str, sampling: dict) -> dict:
+    inputs = {"text_input": _text(prompt), "sampling_parameters": _text(json.dumps(sampling))}
+    return EngineRequest.from_json(preprocessor.process(inputs, {})["engine_request"][0]).sampling
+
+
+def test_preprocess_accepts_max_tokens_beyond_the_context_and_clamps_it_to_the_room_left(preprocessor):
+    # As vLLM and the vLLM backend: accepted, and generation stops at the context (finish reason "length")
+    room = 64 - len(preprocessor.tokenizer.encode("Hello there"))
+    assert _sampling(preprocessor, "Hello there", {"max_tokens": 1500})["max_tokens"] == room
+    assert _sampling(preprocessor, "Hello there", {"max_tokens": room})["max_tokens"] == room
+    assert _sampling(preprocessor, "Hello there", {"max_tokens": room - 1})["max_tokens"] == room - 1
+    # min_tokens must stay <= max_tokens for vLLM's SamplingParams; vLLM stops at the context before it anyway
+    clamped = _sampling(preprocessor, "Hello there", {"max_tokens": 1500, "min_tokens": 1000})
+    assert (clamped["max_tokens"], clamped["min_tokens"]) == (room, room)
+    kept = _sampling(preprocessor, "Hello there", {"max_tokens": 1500, "min_tokens": 3})
+    assert (kept["max_tokens"], kept["min_tokens"]) == (room, 3)
+    # Unset max_tokens is vLLM's default of 16; a prompt that leaves less room gets the room
+    long_prompt = "word " * 52
+    short_room = 64 - len(preprocessor.tokenizer.encode(long_prompt))
+    assert 0 < short_room < 16
+    assert _sampling(preprocessor, long_prompt, {})["max_tokens"] == short_room
+    assert "max_tokens" not in _sampling(preprocessor, "Hello there", {})
+    with pytest.raises(InvalidInput, match=r"max_tokens=9223372036854775808: must be >= 1 \(and below 2\*\*63\)"):
+        _sampling(preprocessor, "Hello there", {"max_tokens": 2**63})
 
 
 def _response(**options) -> EngineResponse:

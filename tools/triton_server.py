@@ -1,19 +1,25 @@
 """Start and stop the real `tritonserver` (Triton 2.51 from the nvidia-pytriton wheel) on this repository.
 
 Used by `tools/serve.py` and by the test suite. The server runs in its own process group, so stopping it also
-stops every Python-backend stub and vLLM's EngineCore process; each server gets its own shared-memory prefix,
-so its leftovers (if any) can be removed without touching another server's.
+stops every Python-backend stub and vLLM's EngineCore process; each server gets its own shared-memory prefix
+(Python-backend regions and multiprocessing semaphores) and its own temporary folder (TMPDIR: vLLM's ZMQ
+sockets and `vllm_dist_*` files), so what its processes leave is removed at stop without touching another
+server's.
 """
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -34,9 +40,23 @@ def pytriton_root() -> Path:
     return Path(spec.submodule_search_locations[0]) / "tritonserver"
 
 
-def server_environment() -> dict[str, str]:
-    """The environment the server and its stubs need (ENVIRONMENT.md: venv python first on PATH, libpython)."""
+SEM_PREFIX_ENV = "TRITON_VLLM_SEM_PREFIX"  # core/process_names.py (not imported: the launcher imports no vLLM)
+
+
+def server_environment(tmp_dir: Path | None = None, sem_prefix: str | None = None) -> dict[str, str]:
+    """The environment the server and its stubs need: venv python first on PATH, libpython.
+
+    `tmp_dir`: the server tree's TMPDIR, where vLLM puts its ZMQ ipc sockets (VLLM_RPC_BASE_PATH defaults to
+    tempfile.gettempdir(), set here too in case it was read earlier) and its `vllm_dist_*` files; Triton and its
+    stubs use it like any temporary folder. torch's compile cache stays where it was: it outlives servers.
+    `sem_prefix`: the name prefix of the tree's multiprocessing semaphores in /dev/shm.
+    """
     env = dict(os.environ)
+    if tmp_dir is not None:
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+        env["TMPDIR"] = env["VLLM_RPC_BASE_PATH"] = str(tmp_dir)
+    if sem_prefix is not None:
+        env[SEM_PREFIX_ENV] = sem_prefix
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -48,6 +68,16 @@ def server_environment() -> dict[str, str]:
     # editable install.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def inductor_cache_dir() -> Path:
+    """torch's default compile cache folder (torch._inductor.runtime.cache_dir_utils), under today's TMPDIR:
+    a process given a private TMPDIR keeps using it (and vLLM on CPU compiles kernels there)."""
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):
+        user = "unknown"
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
 
 
 def free_port() -> int:
@@ -103,8 +133,12 @@ class TritonServer:
         self.exit_timeout_secs = exit_timeout_secs
         self.extra_args = list(extra_args or [])
         self.shm_prefix = f"tvllm{uuid.uuid4().hex[:8]}_"
+        self.sem_prefix = f"mp-{self.shm_prefix}"  # /dev/shm/sem.mp-tvllm..._-<random>
+        self.tmp_dir: Path | None = None  # created per start, removed at stop
         self.process: subprocess.Popen | None = None
         self._log_handle = None
+        # Ensemble requests Triton 2.51 never released (see stop()): model -> count, from the shutdown log
+        self.leaked_inflight: dict[str, int] = {}
 
     @property
     def http_url(self) -> str:
@@ -133,14 +167,16 @@ class TritonServer:
         ]
 
     def start(self) -> None:
-        stdout = subprocess.DEVNULL
-        if self.log_file is not None:
-            self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
-            stdout = self._log_handle
+        # Short (Unix socket paths must stay under 108 bytes), under the caller's TMPDIR
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=self.shm_prefix))
+        if self.log_file is None:  # stop() reads Triton's shutdown messages
+            self.log_file = self.tmp_dir / "tritonserver.log"
+        self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_start = self.log_file.stat().st_size
         self.process = subprocess.Popen(
             self.command(),
-            env=server_environment(),
-            stdout=stdout,
+            env=server_environment(self.tmp_dir, self.sem_prefix),
+            stdout=self._log_handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stubs and EngineCore stop with it
         )
@@ -189,28 +225,79 @@ class TritonServer:
         return f" (log: {self.log_file})" if self.log_file else ""
 
     def stop(self, grace: float | None = None) -> int | None:
-        """SIGINT, wait for Triton's own shutdown, then kill whatever is left of the process group."""
+        """SIGINT, wait for Triton's own shutdown, then kill whatever is left of the process group and remove
+        what its processes left in /dev/shm and in its temporary folder.
+
+        Triton 2.51 never releases a streaming-ensemble request whose client cancelled while the core still
+        generated (README, Reliability): its shutdown then waits the whole exit timeout for requests that
+        cannot end, and exits 1 ("Exit timeout expired"). When the shutdown log names only ensembles as having
+        in-flight inferences twice in a row (a live ensemble request always has a composing one in flight),
+        the server is killed at once instead: Triton would exit the same way, only later. The counts are kept
+        in `leaked_inflight`.
+        """
         if self.process is None:
             return None
         grace = self.exit_timeout_secs + 15 if grace is None else grace
         pgid = self.process.pid
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + grace
+            while self.process.poll() is None and time.monotonic() < deadline:
+                leaked = self._only_ensembles_in_flight()
+                if leaked:
+                    self.leaked_inflight = leaked
+                    print(f"tritonserver: stopped at once; Triton never released {leaked}", file=sys.stderr)
+                    break
+                time.sleep(0.2)
+            if self.process.poll() is None:
                 self.process.kill()
-                self.process.wait()
+            self.process.wait()
         _kill_group(pgid)
-        self._remove_shm()
+        self._remove_leftovers()
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
         return self.process.returncode
 
-    def _remove_shm(self) -> None:
-        for path in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
-            path.unlink(missing_ok=True)
+    _INFLIGHT = re.compile(r"Model '([^']+)' \(version \d+\) has (\d+) in-flight inferences")
+    _INFLIGHT_ROUND = "model versions that have in-flight inferences"
+
+    def _only_ensembles_in_flight(self) -> dict[str, int]:
+        """{ensemble: count} when the last two of Triton's once-a-second shutdown reports name only ensembles."""
+        if self.log_file is None or not self.log_file.exists():
+            return {}
+        with open(self.log_file, "rb") as log:
+            log.seek(self._log_start)
+            text = log.read().decode("utf-8", errors="replace")
+        rounds = text.split(self._INFLIGHT_ROUND)[1:]  # each report: its header, then one line per model
+        if len(rounds) < 3:  # the last report may still be being written
+            return {}
+        reports = [dict((m, int(n)) for m, n in self._INFLIGHT.findall(r)) for r in rounds[-3:-1]]
+        ensembles = self.ensemble_models()
+        if all(report and set(report) <= ensembles for report in reports) and reports[0] == reports[1]:
+            return reports[1]
+        return {}
+
+    def ensemble_models(self) -> set[str]:
+        """The repository's ensembles (their config.pbtxt says platform "ensemble")."""
+        return {
+            config.parent.name
+            for config in self.model_repository.glob("*/config.pbtxt")
+            if re.search(r'^platform:\s*"ensemble"', config.read_text(encoding="utf-8"), re.MULTILINE)
+        }
+
+    def _remove_leftovers(self) -> None:
+        for prefix in (self.shm_prefix, f"sem.{self.sem_prefix}"):
+            for path in Path("/dev/shm").glob(f"{prefix}*"):
+                path.unlink(missing_ok=True)
+        if self.tmp_dir is not None:
+            if self.log_file is not None and self.log_file.parent == self.tmp_dir:
+                if self._log_handle is not None:
+                    self._log_handle.close()
+                    self._log_handle = None
+                self.log_file = None
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
 
     def __enter__(self) -> TritonServer:
         self.start()

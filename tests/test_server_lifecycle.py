@@ -1,0 +1,166 @@
+"""What a server leaves behind: cancelled streams in Triton's in-flight count, files in /tmp and /dev/shm.
+
+Triton 2.51 never releases a streaming-ensemble request whose client cancelled while the core still generated
+(README, Reliability): the ensemble server below shows it, and that the launcher's stop does not wait out the
+exit timeout for it; the `entry: bls` server shows that its entries leave nothing in flight. Both check that
+every file the server's processes create (vLLM's ZMQ sockets, multiprocessing semaphores) is theirs by name or
+folder and is gone after the stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from core.interface import STREAM_ECHO_ERROR
+from tests.reliability_helpers import ROOT, render_repository, start_server
+from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
+from tools.triton_server import TritonServer
+
+pytestmark = pytest.mark.server
+
+LONG = {"temperature": 0, "max_tokens": 300, "ignore_eos": True}
+CANCELLED_STREAMS = 4
+EXIT_TIMEOUT = 10
+
+
+def _cancel_streams(server: TritonServer, count: int) -> None:
+    """`count` gRPC streams, each cancelled by its client after its first response (the request side open)."""
+    import tritonclient.grpc.aio as aioclient
+
+    async def run() -> None:
+        client = aioclient.InferenceServerClient(server.grpc_url)
+
+        async def one(i: int) -> None:
+            async def requests_():
+                inputs = grpc_inputs("Once upon", LONG, stream=True)
+                yield {"model_name": STREAM_MODEL, "inputs": inputs, "request_id": f"c{i}"}
+                await asyncio.sleep(3600)
+
+            call = client.stream_infer(requests_())
+            async for _, error in call:
+                assert error is None, error
+                break
+            call.cancel()
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+        await client.close()
+
+    asyncio.run(run())
+
+
+def _plain_deadlines(server: TritonServer, count: int) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for _ in range(count):
+            with pytest.raises(InferenceServerException, match="Deadline"):
+                client.infer(PLAIN_MODEL, grpc_inputs("Once upon", LONG), client_timeout=0.3)
+
+
+def _core_requests_done(server: TritonServer) -> int:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/vllm_core/stats", timeout=10) as reply:
+        stats = json.loads(reply.read())["model_stats"][0]["inference_stats"]
+    return stats["success"]["count"] + stats["fail"]["count"]
+
+
+def _wait(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _unix_socket_paths(pgid: int) -> set[str]:
+    """Filesystem paths of the Unix sockets the process group's processes hold open (ZMQ ipc:// endpoints)."""
+    inodes = set()
+    for pid in process_group_members(pgid):
+        fd_dir = Path(f"/proc/{pid}/fd")
+        try:
+            links = [fd.readlink().name for fd in fd_dir.iterdir()]
+        except OSError:
+            continue
+        inodes |= {int(m[1]) for link in links if (m := re.fullmatch(r"socket:\[(\d+)\]", link))}
+    paths = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and int(fields[6]) in inodes and fields[7].startswith("/"):
+            paths.add(fields[7])
+    return paths
+
+
+def _files_while_serving(server: TritonServer) -> tuple[set[str], set[Path]]:
+    sockets = _unix_socket_paths(server.process.pid)
+    semaphores = set(Path("/dev/shm").glob(f"sem.{server.sem_prefix}*"))
+    return sockets, semaphores
+
+
+def _assert_nothing_left(server: TritonServer, tmp_dir: Path, sockets: set[str], semaphores: set[Path]) -> None:
+    assert not tmp_dir.exists(), f"the server's TMPDIR {tmp_dir} is left"
+    assert [p for p in sockets if Path(p).exists()] == []
+    assert sorted(Path("/dev/shm").glob(f"sem.{server.sem_prefix}*")) == []
+    assert sorted(Path("/dev/shm").glob(f"{server.shm_prefix}*")) == []
+
+
+def test_cancelled_streams_on_the_streaming_ensemble_stay_in_flight_and_stop_does_not_wait(tiny_model, tmp_path):
+    log = tmp_path / "tritonserver.log"
+    server = start_server(ROOT / "model_repository", log, exit_timeout_secs=EXIT_TIMEOUT)
+    try:
+        tmp_dir = server.tmp_dir
+        assert tmp_dir is not None and tmp_dir.is_dir()
+        done_before = _core_requests_done(server)
+        _cancel_streams(server, CANCELLED_STREAMS)
+        _plain_deadlines(server, 2)
+        # Inside an ensemble the cancel does not reach the core: each request generates to its end
+        assert _wait(lambda: _core_requests_done(server) >= done_before + CANCELLED_STREAMS + 2, 120)
+        sockets, semaphores = _files_while_serving(server)
+        # vLLM's sockets live in the server's TMPDIR, and the multiprocessing semaphores carry its prefix
+        assert sockets and all(Path(p).parent == tmp_dir for p in sockets), sockets
+        assert semaphores, "no semaphore with the server's prefix: the naming did not reach vLLM"
+    finally:
+        start = time.monotonic()
+        server.stop()
+        stop_seconds = time.monotonic() - start
+    text = log.read_text(errors="replace")
+    print(f"\nstop took {stop_seconds:.1f} s; never released: {server.leaked_inflight}")
+    # Triton 2.51's count, as its shutdown reports it: the cancelled streams stay; the plain ensemble's
+    # cancelled requests end (they may still show in the first report, while their last step runs)
+    assert f"Model '{STREAM_MODEL}' (version 1) has {CANCELLED_STREAMS} in-flight inferences" in text
+    assert server.leaked_inflight == {STREAM_MODEL: CANCELLED_STREAMS}
+    assert stop_seconds < EXIT_TIMEOUT, "the stop waited out Triton's exit timeout"
+    _assert_nothing_left(server, tmp_dir, sockets, semaphores)
+
+
+def test_bls_entries_leave_nothing_in_flight_and_their_errors_are_the_backends_verbatim(tiny_model, tmp_path):
+    repository = render_repository(tmp_path / "repository", entry="bls")
+    log = tmp_path / "tritonserver.log"
+    server = start_server(repository, log, exit_timeout_secs=EXIT_TIMEOUT)
+    try:
+        tmp_dir = server.tmp_dir
+        # No ensemble prefix here: the message is the vLLM backend's from its first character
+        from tritonclient.utils import InferenceServerException
+
+        with pytest.raises(InferenceServerException) as failure:
+            grpc_stream(server.grpc_url, grpc_inputs("Hi", LONG, stream=True, exclude_input_in_output=False))
+        assert failure.value.message().startswith(STREAM_ECHO_ERROR)
+        _cancel_streams(server, CANCELLED_STREAMS)
+        _plain_deadlines(server, 2)
+        sockets, semaphores = _files_while_serving(server)
+        assert sockets and all(Path(p).parent == tmp_dir for p in sockets), sockets
+        time.sleep(2.0)  # the entries' cancel watchers poll every 0.25 s
+    finally:
+        server.stop()
+    text = log.read_text(errors="replace")
+    assert "Found 0 model versions that have in-flight inferences" in text
+    assert re.findall(r"has \d+ in-flight inferences", text) == []
+    assert server.leaked_inflight == {}
+    _assert_nothing_left(server, tmp_dir, sockets, semaphores)
