@@ -1,12 +1,15 @@
 """Render a whole Triton model repository from one deployment config.
 
     python tools/render_repo.py [CONFIG] [--out DIR] [--check] [--dry-run] [--set NAME=VALUE ...]
+                                [--relative-model-paths]
 
 CONFIG defaults to deployments/default.yaml and --out to model_repository/. The same config always gives the
 same bytes. Nothing is written unless the whole config is valid (exit 2 with a message naming the key path and
 the fix): keys and types, placeholders, engine args against vLLM's AsyncEngineArgs, model names, and the stages'
 declared tensors against their neighbours and Triton's ensemble rules. --check compares with the existing tree
-and exits 1 on any difference; --dry-run lists the files that would be written; --set fills ${NAME}."""
+and exits 1 on any difference; --dry-run lists the files that would be written; --set fills ${NAME}.
+Local paths (model, LoRA adapters, chat template file) inside the output's project (the nearest folder above it
+with .git) are written relative to the output; any other is written absolute unless --relative-model-paths."""
 
 from __future__ import annotations
 
@@ -580,13 +583,32 @@ def _is_local(model: str) -> bool:
     return model.startswith(("./", "../", "/"))
 
 
-def _repo_relative(path: Path, out: Path) -> str:
-    relative = os.path.relpath(path, out.resolve())
-    return relative if relative.startswith("../") else "./" + relative
+def project_root(out: Path) -> Path:
+    """The project folder that holds the output: the nearest folder at or above it with a `.git` (this project's
+    own folder for an output inside it). Without one, the output folder itself."""
+    out = Path(os.path.abspath(out))
+    for folder in (out, *out.parents):
+        if folder == ROOT or (folder / ".git").exists():
+            return folder
+    return out
 
 
-def render(deployment: Deployment, out: Path) -> dict[str, str]:
-    """Every file of the repository, by path relative to `out`."""
+def _repo_path(path: Path, out: Path, relative: bool = False) -> str:
+    """A local path as a rendered file writes it. Inside the output's project (see project_root) it is relative
+    to the output, so the project can move as a whole and the checked-in repository is the same on every machine;
+    anything else is absolute, so the rendered repository can move on its own. `relative`: always relative
+    (`--relative-model-paths`). The adapters resolve "./" and "../" against the repository root."""
+    path = Path(os.path.abspath(path))
+    out = Path(os.path.abspath(out))
+    if not relative and not path.is_relative_to(project_root(out)):
+        return str(path)
+    relative_path = os.path.relpath(path, out)
+    return relative_path if relative_path.startswith("../") else "./" + relative_path
+
+
+def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> dict[str, str]:
+    """Every file of the repository, by path relative to `out`. `relative_paths`: write every local path
+    relative to `out`, also those outside its project (which are absolute otherwise; see _repo_path)."""
     names = deployment.names
     pre_cls = load_stage("preprocess", deployment.preprocess.cls)
     post_cls = load_stage("postprocess", deployment.postprocess.cls)
@@ -601,10 +623,10 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
 
     model = deployment.model
     if _is_local(model):
-        model = _repo_relative(deployment.base_dir / model, out)
+        model = _repo_path(deployment.base_dir / model, out, relative_paths)
     engine_args = {**deployment.engine_args, "model": model}
     lora_paths = {
-        name: (_repo_relative(deployment.base_dir / p, out) if _is_local(p) else p)
+        name: (_repo_path(deployment.base_dir / p, out, relative_paths) if _is_local(p) else p)
         for name, p in sorted(deployment.lora_adapters.items())
     }
     pre_settings = {
@@ -612,7 +634,7 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         "max_model_len": engine_args.get("max_model_len"),
         "max_logprobs": engine_args.get("max_logprobs", 20),
         "lora_names": sorted(lora_paths),
-        **_preprocess_options(deployment, out),
+        **_preprocess_options(deployment, out, relative_paths),
         **deployment.preprocess.settings,
     }
     # tokenizer: the engine's; postprocess turns the engine's token ids into text (postprocess/detokenize.py)
@@ -717,7 +739,7 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
-def _preprocess_options(deployment: Deployment, out: Path) -> dict[str, Any]:
+def _preprocess_options(deployment: Deployment, out: Path, relative_paths: bool) -> dict[str, Any]:
     """The top-level chat_template and images keys, as the preprocess stage's settings."""
     options: dict[str, Any] = {}
     template = deployment.chat_template
@@ -725,7 +747,7 @@ def _preprocess_options(deployment: Deployment, out: Path) -> dict[str, Any]:
         if template.inline is not None:
             options["chat_template"] = template.inline
         elif template.file is not None:
-            options["chat_template_file"] = _repo_relative(deployment.base_dir / str(template.file), out)
+            options["chat_template_file"] = _repo_path(deployment.base_dir / str(template.file), out, relative_paths)
         options["allow_request_chat_template"] = template.allow_per_request
     if deployment.images is not None:
         for key, value in (
@@ -777,6 +799,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="NAME=VALUE", help="the value of ${NAME} in the config"
     )
+    parser.add_argument(
+        "--relative-model-paths",
+        action="store_true",
+        help="write local paths outside the output's project (model, adapters, chat template) relative to the"
+        " output too; by default they are absolute, so the rendered repository can move",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 if --out differs from the rendering")
     mode.add_argument("--dry-run", action="store_true", help="list the files that would be written")
@@ -788,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set {item!r}: expected NAME=VALUE")
         variables[name] = value
     try:
-        files = render(load_deployment(args.config, variables), args.out)
+        files = render(load_deployment(args.config, variables), args.out, args.relative_model_paths)
     except ConfigError as exc:
         print(f"render_repo: {args.config}: {exc}", file=sys.stderr)
         return 2
