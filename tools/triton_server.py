@@ -8,7 +8,9 @@ so its leftovers (if any) can be removed without touching another server's.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +19,7 @@ import sysconfig
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,6 +28,50 @@ ROOT = Path(__file__).resolve().parent.parent
 # the plain path never had more than 32 requests in the engine, at any client concurrency. The deployment's
 # generate.max_in_flight (512 by default) needs at least as many. Pass it to a tritonserver you start yourself.
 PYTHON_BACKEND_THREADS = 512
+
+
+# Triton 2.51's log lines for a model that did not load, with the stub's Python error and its "At:" frames as
+# \n-escaped text inside the quoted message:
+#   E... model_lifecycle.cc:642] "failed to load 'postprocess' version 1: Internal: ValueError: ...\n\nAt:\n  ..."
+#   E... model_repository_manager.cc:703] "Invalid argument: ensemble 'm' depends on 'postprocess' which has no ..."
+_FAILED_TO_LOAD = re.compile(r"""failed to load '(?P<model>[^']+)' version \S+: (?P<error>.*?)"?$""")
+_DEPENDS_ON = re.compile(r"""ensemble '(?P<model>[^']+)' depends on '(?P<other>[^']+)' which has no loaded version""")
+
+
+@dataclass
+class LoadFailure:
+    model: str
+    lines: list[str]  # the error, then the Python traceback's lines when the stub gave one
+
+
+def load_failures(log_text: str) -> list[LoadFailure]:
+    """The models a server log says failed to load, each once, in the log's order; ensembles that failed only
+    because a step did not load name that step."""
+    failures: dict[str, LoadFailure] = {}
+    for line in log_text.splitlines():
+        if (found := _FAILED_TO_LOAD.search(line)) and found["model"] not in failures:
+            text = found["error"].replace("\\n", "\n").replace('\\"', '"')
+            lines = [part.rstrip() for part in text.split("\n") if part.strip()]
+            failures[found["model"]] = LoadFailure(found["model"], lines)
+        elif (found := _DEPENDS_ON.search(line)) and found["model"] not in failures:
+            failures[found["model"]] = LoadFailure(found["model"], [f"not loaded: its step {found['other']!r} failed"])
+    return list(failures.values())
+
+
+def format_failures(failures: list[LoadFailure]) -> str:
+    out = []
+    for failure in failures:
+        out.append(f"  model '{failure.model}': {failure.lines[0]}")
+        out.extend(f"      {line}" for line in failure.lines[1:])
+    return "\n".join(out)
+
+
+class ModelLoadError(RuntimeError):
+    """tritonserver stopped because models failed to load: starting it again would fail the same way."""
+
+    def __init__(self, message: str, failures: list[LoadFailure]) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 def pytriton_root() -> Path:
@@ -105,6 +152,7 @@ class TritonServer:
         self.shm_prefix = f"tvllm{uuid.uuid4().hex[:8]}_"
         self.process: subprocess.Popen | None = None
         self._log_handle = None
+        self._log_start = 0  # where this start's lines begin in an appended log file
 
     @property
     def http_url(self) -> str:
@@ -136,6 +184,7 @@ class TritonServer:
         stdout = subprocess.DEVNULL
         if self.log_file is not None:
             self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+            self._log_start = self._log_handle.tell()
             stdout = self._log_handle
         self.process = subprocess.Popen(
             self.command(),
@@ -158,7 +207,13 @@ class TritonServer:
         while time.monotonic() - start < timeout:
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
-                raise RuntimeError(f"tritonserver exited with code {code} before it was ready{self._log_hint()}")
+                message = f"tritonserver exited with code {code} before it was ready{self._log_hint()}"
+                failures = load_failures(self.log_text())
+                if failures:
+                    raise ModelLoadError(
+                        f"{message}; these models failed to load:\n{format_failures(failures)}", failures
+                    )
+                raise RuntimeError(message)
             if self.is_ready():
                 return time.monotonic() - start
             time.sleep(0.5)
@@ -170,7 +225,9 @@ class TritonServer:
         Triton 2.51's Python backend can abort at start-up under heavy load (seen here once:
         "terminate called after throwing an instance of 'boost::interprocess::lock_exception'", a known
         intermittent upstream crash). A server that dies before it is ready has served nothing, so one more
-        start is safe; the failure is still reported on stderr. `new_ports`: every start on free ports.
+        start is safe; the failure is still reported on stderr. A server that stopped because models failed to
+        load (ModelLoadError: the log names them) would fail the same way again: that is not retried.
+        `new_ports`: every start on free ports.
         """
         for attempt in range(1, attempts + 1):
             if new_ports:
@@ -178,12 +235,45 @@ class TritonServer:
             self.start()
             try:
                 return self.wait_ready(timeout)
+            except ModelLoadError:
+                self.stop()
+                raise
             except RuntimeError as exc:  # exited before ready; a TimeoutError is not retried
                 self.stop()
                 if attempt == attempts:
                     raise
                 print(f"tritonserver start {attempt} failed, starting again: {exc}", file=sys.stderr)
         raise AssertionError("unreachable")
+
+    def log_text(self) -> str:
+        """This start's part of the log file ("" without one)."""
+        if self.log_file is None or not Path(self.log_file).exists():
+            return ""
+        with open(self.log_file, "rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode("utf-8", errors="replace")
+
+    def public_models(self) -> dict[str, bool]:
+        """The ready models a client calls, name -> streaming (decoupled): ensembles, and the BLS entry models of
+        a rendered repository (Python models with a `stream` parameter). Read from the server's own configs."""
+        index = _http_json(f"http://{self.http_url}/v2/repository/index", body=b"{}")
+        configs = {
+            m["name"]: _http_json(f"http://{self.http_url}/v2/models/{m['name']}/config")
+            for m in index
+            if m.get("state") == "READY"
+        }
+
+        def decoupled(name: str) -> bool:
+            return bool(configs.get(name, {}).get("model_transaction_policy", {}).get("decoupled", False))
+
+        public = {}
+        for name, config in sorted(configs.items()):
+            if config.get("platform") == "ensemble":
+                steps = config.get("ensemble_scheduling", {}).get("step", [])
+                public[name] = any(decoupled(step["model_name"]) for step in steps)
+            elif "stream" in config.get("parameters", {}):
+                public[name] = decoupled(name)
+        return public
 
     def _log_hint(self) -> str:
         return f" (log: {self.log_file})" if self.log_file else ""
@@ -218,6 +308,12 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _http_json(url: str, body: bytes | None = None) -> Any:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
 
 
 def _kill_group(pgid: int) -> None:
