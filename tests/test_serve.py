@@ -1,9 +1,11 @@
-"""tools/serve.py, the launcher: a server whose models fail to load is reported by model and error, once (real
-tritonserver, real vLLM)."""
+"""tools/serve.py, the launcher: its first request goes to the repository's own model, each run has its own log,
+and a server whose models fail to load is reported by model and error, once (real tritonserver, real vLLM)."""
 
 from __future__ import annotations
 
+import json
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,8 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.deployment_helpers import own_deployment
 from tools.render_repo import ROOT, main
+from tools.serve import choose_model, new_log_file
 from tools.triton_server import free_ports, load_failures
 
 SERVE = ROOT / "tools" / "serve.py"
@@ -49,6 +54,27 @@ def test_load_failures_name_each_model_with_its_error_and_traceback():
     ]
     assert failures[1].lines == ["not loaded: its step 'postprocess' failed"]
     assert load_failures("I1123 model_lifecycle.cc:818] \"successfully loaded 'postprocess'\"\n") == []
+
+
+def test_each_run_gets_its_own_log_file_and_only_the_last_ones_are_kept(tmp_path: Path):
+    old = [tmp_path / f"tritonserver-20240101-0000{i:02d}-1.log" for i in range(5)]
+    for path in old:
+        path.write_text("old run")
+    (tmp_path / "notes.txt").write_text("not a log")
+    first = new_log_file(tmp_path, keep=3)
+    assert first.exists() and first.read_text() == "" and first not in old
+    assert sorted(tmp_path.glob("tritonserver-*.log")) == [*old[-2:], first]  # the newest two old ones, and this
+    assert (tmp_path / "notes.txt").exists()
+
+
+def test_the_first_request_goes_to_the_plain_public_model():
+    assert choose_model({"chat_model": False, "chat_model_stream": True})[0] == "chat_model"
+    model, why = choose_model({"a_model": False, "b_model": False, "a_stream": True})
+    assert model == "a_model" and "others: b_model" in why and "streaming: a_stream" in why
+    assert choose_model({"only_stream": True}) == (
+        None,
+        "no plain (non-streaming) public model in the repository (public: only_stream); pass --model",
+    )
 
 
 class Launcher:
@@ -98,6 +124,37 @@ class Launcher:
         finally:
             if self.process.poll() is None:
                 self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def moved_openai_repository(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The OpenAI example (models chat_model, chat_model_stream), rendered in one folder and moved to another."""
+    workdir = tmp_path_factory.mktemp("serve")
+    assert main([str(ROOT / "deployments" / "examples" / "openai.yaml"), "--out", str(workdir / "rendered")]) == 0
+    shutil.move(workdir / "rendered", workdir / "moved")
+    return workdir / "moved"
+
+
+def test_serve_asks_the_repositorys_own_model_and_logs_each_run_apart(
+    moved_openai_repository: Path, tiny_model: Path, tmp_path: Path
+):
+    logs = tmp_path / "logs"
+    launcher = Launcher("--repository", str(moved_openai_repository), "--log-dir", str(logs))
+    try:
+        output = launcher.wait_for("Serving until Ctrl-C.")
+    finally:
+        code = launcher.stop()
+    assert "Serving until Ctrl-C." in output, output
+    (log,) = logs.glob("tritonserver-*.log")
+    assert f"Log: {log}" in output
+    assert "First request to 'chat_model' (the repository's plain public model; streaming: chat_model_stream" in output
+    answer = json.loads(next(line for line in launcher.lines if line.startswith("{")))
+    assert answer["model_name"] == "chat_model"
+    assert json.loads(answer["chat_completion"])["object"] == "chat.completion"
+    # Rendered outside a project, the model path is absolute: the moved repository still finds the model.
+    engine_args = json.loads((moved_openai_repository / "vllm_core" / "1" / "model.json").read_text())
+    assert engine_args["model"] == str(tiny_model)
+    assert code == 0
 
 
 def test_serve_names_the_model_that_failed_to_load_and_its_error_without_retrying(tiny_model: Path, tmp_path: Path):
