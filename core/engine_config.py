@@ -15,14 +15,21 @@ ENGINE_ARGS_FILE = "model.json"
 PATH_KEYS = ("model", "tokenizer")
 
 
+def resolve_path(value: str, repository_root: Path) -> str:
+    """A rendered path: "./" or "../" starts at the repository root; anything else stays as it is."""
+    if value.startswith("./") or value.startswith("../"):
+        return str((repository_root / value).resolve())
+    return value
+
+
 def resolve_paths(
     engine_args: dict[str, Any], repository_root: Path, keys: tuple[str, ...] = PATH_KEYS
 ) -> dict[str, Any]:
     resolved = dict(engine_args)
     for key in keys:
         value = resolved.get(key)
-        if isinstance(value, str) and (value.startswith("./") or value.startswith("../")):
-            resolved[key] = str((repository_root / value).resolve())
+        if isinstance(value, str):
+            resolved[key] = resolve_path(value, repository_root)
     return resolved
 
 

@@ -7,13 +7,16 @@ A stage is a class with:
   * `process(inputs, parameters)`: numpy arrays by tensor name (only the tensors the request carries) and
     the request's parameters -> numpy arrays by output name. Raise `InvalidInput` for a bad request.
 
-Deployments may point a stage at their own class (`package.module:Class`) that follows this interface.
+Deployments may point a stage at their own class (`package.module:Class`) that follows this interface, from an
+installed package or from a folder of their own (the deployment's `code_paths`).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,11 +35,21 @@ class Stage:
         raise NotImplementedError
 
 
-def load_stage_class(path: str) -> type[Stage]:
-    """Import `package.module:Class`; the error says what is wrong with the path."""
+def load_stage_class(path: str, code_paths: Sequence[str] = ()) -> type[Stage]:
+    """Import `package.module:Class`; the error says what is wrong with the path.
+
+    `code_paths`: folders to import the deployment's own code from, put first on sys.path (and left there: the
+    class may import more of its code later). Triton's Python stubs do not read PYTHONPATH, so this is how a stage
+    from a folder outside the installed packages is found.
+    """
     module_name, sep, class_name = path.partition(":")
     if not sep or not module_name or not class_name:
         raise ValueError(f"stage class {path!r} must look like 'package.module:ClassName'")
+    for folder in reversed(code_paths):
+        if not Path(folder).is_dir():
+            raise ValueError(f"stage class {path!r}: its code folder {folder} does not exist")
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -26,7 +26,7 @@ import triton_python_backend_utils as pb_utils
 from core.coalesce import Outgoing, StreamPacer
 from core.core_stats import CoreStats
 from core.engine import Engine, RestartPolicy, prepare_process_environment
-from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_paths
+from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_path, resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.metrics import COUNTERS, GAUGES, HISTOGRAMS, StatsBuffer, stat_logger_factory
 from core.protocol import EngineRequest, EngineResponse, merge_responses
@@ -124,14 +124,21 @@ def _lora_adapters(lora_file: Path, repository_root: Path) -> dict[str, str]:
     return adapters
 
 
+def _load_stage_class(spec: dict[str, Any], repository_root: Path) -> type:
+    """A stage.json entry's class, imported with its code_paths (relative ones start at the repository root, like
+    model.json's paths)."""
+    folders = [resolve_path(p, repository_root) for p in spec.get("code_paths", [])]
+    return load_stage_class(spec["class"], folders)
+
+
 class StageModel:
     """A preprocess or postprocess stage: `stage.json` names the class and its settings."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         self.logger = pb_utils.Logger
         spec = json.loads((_model_dir(args) / STAGE_FILE).read_text())
-        stage_class = load_stage_class(spec["class"])
         repository_root = Path(args["model_repository"]).parent
+        stage_class = _load_stage_class(spec, repository_root)
         self.stage = stage_class(resolve_paths(spec.get("settings", {}), repository_root, STAGE_PATH_KEYS))
         self.input_names = [t.name for t in stage_class.inputs]
         self.output_types = {t.name: t.numpy_dtype for t in stage_class.outputs}
@@ -465,7 +472,7 @@ class EntryModel(GenerateModel):
         repository_root = Path(args["model_repository"]).parent
         self.stages = {}
         for role in ("preprocess", "postprocess"):
-            stage_class = load_stage_class(spec[role]["class"])
+            stage_class = _load_stage_class(spec[role], repository_root)
             stage = stage_class(resolve_paths(spec[role].get("settings", {}), repository_root, STAGE_PATH_KEYS))
             self.stages[role] = (
                 stage,

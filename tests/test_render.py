@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tools.render_repo import DEFAULT_CONFIG, DEFAULT_OUT, ConfigError, drift, load_deployment, main, render
+from tools.render_repo import (
+    DEFAULT_CONFIG,
+    DEFAULT_OUT,
+    ConfigError,
+    drift,
+    existing_files,
+    load_deployment,
+    main,
+    render,
+)
 
 
 def test_checked_in_repository_is_the_rendering_of_the_default_config():
@@ -236,7 +245,7 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     )
     files = render(load_deployment(config), tmp_path / "repo")
     settings = json.loads(files["preprocess/1/stage.json"])["settings"]
-    assert settings["chat_template_file"] == "../templates/chat.jinja"
+    assert settings["chat_template_file"] == str(tmp_path / "templates" / "chat.jinja")  # outside a project
     assert settings["allow_request_chat_template"] is True
     assert (settings["max_image_bytes"], settings["max_image_pixels"], settings["max_images"]) == (1000, 4096, 2)
     core = files["vllm_core/config.pbtxt"]
@@ -278,3 +287,45 @@ def test_several_postprocess_instances_preserve_response_order(tmp_path: Path):
     assert "dynamic_batching" not in one["postprocess/config.pbtxt"]
     two = render(load_deployment(_config(tmp_path, "model: ./m\npostprocess: {instances: 2}\n")), tmp_path / "b")
     assert "dynamic_batching {\n  preserve_ordering: true\n}" in two["postprocess/config.pbtxt"]
+
+
+def _paths(files: dict[str, str]) -> tuple[str, dict[str, str], str]:
+    model = json.loads(files["vllm_core/1/model.json"])["model"]
+    template = json.loads(files["preprocess/1/stage.json"])["settings"]["chat_template_file"]
+    return model, json.loads(files["vllm_core/1/multi_lora.json"]), template
+
+
+PATHS_CONFIG = (
+    "model: ../models/m\nengine_args: {enable_lora: true}\nlora_adapters: {a: ../models/lora}\n"
+    "chat_template: {file: chat.jinja}\n"
+)
+
+
+def test_local_paths_outside_the_outputs_project_are_absolute_unless_asked_relative(tmp_path: Path):
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "chat.jinja").write_text("{{ messages }}")
+    config = _config(tmp_path / "deploy", PATHS_CONFIG)
+    out = tmp_path / "elsewhere" / "repo"  # no .git above it: the repository can move on its own
+    model, loras, template = _paths(render(load_deployment(config), out))
+    assert (model, loras, template) == (
+        str(tmp_path / "models" / "m"),
+        {"a": str(tmp_path / "models" / "lora")},
+        str(tmp_path / "deploy" / "chat.jinja"),
+    )
+    assert main([str(config), "--out", str(out), "--relative-model-paths"]) == 0
+    model, loras, template = _paths(existing_files(out))
+    assert (model, loras, template) == ("../../models/m", {"a": "../../models/lora"}, "../../deploy/chat.jinja")
+    assert main([str(config), "--out", str(out), "--check"]) == 1  # the default form differs from the written one
+
+
+def test_local_paths_inside_the_outputs_project_stay_relative(tmp_path: Path):
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)  # the marker of a project folder (a worktree's .git is a file: same)
+    (project / "deploy").mkdir()
+    (project / "deploy" / "chat.jinja").write_text("{{ messages }}")
+    config = _config(project / "deploy", PATHS_CONFIG)
+    model, loras, template = _paths(render(load_deployment(config), project / "out" / "repo"))
+    assert (model, loras, template) == ("../../models/m", {"a": "../../models/lora"}, "../../deploy/chat.jinja")
+    # A path inside the output itself is relative to it in any case.
+    inside = render(load_deployment(_config(tmp_path, "model: ./repo/m\n")), tmp_path / "repo")
+    assert json.loads(inside["vllm_core/1/model.json"])["model"] == "./m"

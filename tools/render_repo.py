@@ -1,18 +1,22 @@
 """Render a whole Triton model repository from one deployment config.
 
     python tools/render_repo.py [CONFIG] [--out DIR] [--check] [--dry-run] [--set NAME=VALUE ...]
+                                [--relative-model-paths]
 
 CONFIG defaults to deployments/default.yaml and --out to model_repository/. The same config always gives the
 same bytes. Nothing is written unless the whole config is valid (exit 2 with a message naming the key path and
 the fix): keys and types, placeholders, engine args against vLLM's AsyncEngineArgs, model names, and the stages'
 declared tensors against their neighbours and Triton's ensemble rules. --check compares with the existing tree
-and exits 1 on any difference; --dry-run lists the files that would be written; --set fills ${NAME}."""
+and exits 1 on any difference; --dry-run lists the files that would be written; --set fills ${NAME}.
+Local paths (model, LoRA adapters, chat template file) inside the output's project (the nearest folder above it
+with .git) are written relative to the output; any other is written absolute unless --relative-model-paths."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import functools
+import importlib.machinery
 import json
 import os
 import re
@@ -60,6 +64,9 @@ BUILTIN_STAGES: dict[str, dict[str, str]] = {
         "openai": "postprocess.openai:OpenAIPostprocessor",
     },
 }
+
+
+BUILTIN_STAGES_PATHS = frozenset(path for variants in BUILTIN_STAGES.values() for path in variants.values())
 
 
 @dataclass
@@ -142,6 +149,10 @@ class Deployment:
     # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
     # the engine request on Triton 2.51 (an ensemble step never sees it; DESIGN.md rule 5).
     entry: str = "ensemble"
+    # Folders with the deployment's own stage code (`preprocess/postprocess.class: module:Class`), relative to the
+    # config file or absolute: the stubs put them on sys.path before loading the class (Triton's Python stubs
+    # do not read PYTHONPATH).
+    code_paths: list[str] = field(default_factory=list)
     base_dir: Path = field(default=ROOT, repr=False)  # the config file's folder: relative paths start there
 
 
@@ -186,7 +197,15 @@ _NESTED = {
     "HealthConfig": HealthConfig,
     "CoreConfig": CoreConfig,
 }
-_SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict[str, Any]": dict, "dict[str, str]": dict}
+_SCALARS = {
+    "str": str,
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "dict[str, Any]": dict,
+    "dict[str, str]": dict,
+    "list[str]": list,
+}
 
 
 def _typed(annotation: str, value: Any, where: str) -> Any:
@@ -208,6 +227,10 @@ def _typed(annotation: str, value: Any, where: str) -> Any:
         for key, item in value.items():
             if not isinstance(item, str):
                 raise ConfigError(f"{where}.{key}: expected str, got {type(item).__name__} {item!r}")
+    if annotation == "list[str]":
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ConfigError(f"{where}[{index}]: expected str, got {type(item).__name__} {item!r}")
     return value
 
 
@@ -271,6 +294,7 @@ def _accepts(hint: Any, value: Any) -> bool | None:
     return None
 
 
+STAGE_ROLES = ("preprocess", "postprocess")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _INSTANCE_KEYS = ("preprocess", "postprocess", "generate")
 
@@ -319,6 +343,17 @@ def check_deployment(deployment: Deployment) -> None:
         raise ConfigError("health.max_restarts: must be >= 1 (to never restart, set health.restart_engine: false)")
     if not 0 <= deployment.health.restart_backoff_seconds <= 3600:
         raise ConfigError("health.restart_backoff_seconds: must be between 0 and 3600")
+    for index, folder in enumerate(deployment.code_paths):
+        if not (deployment.base_dir / folder).is_dir():
+            raise ConfigError(
+                f"code_paths[{index}]: no such folder {folder!r} (relative to the config file's folder, or absolute)"
+            )
+    own = [role for role in STAGE_ROLES if ":" in getattr(deployment, role).cls]
+    if deployment.code_paths and all(getattr(deployment, r).cls in BUILTIN_STAGES_PATHS for r in own):
+        raise ConfigError(
+            "code_paths: no stage uses a class of its own; set preprocess.class or postprocess.class to"
+            " 'module:ClassName' from these folders, or remove code_paths"
+        )
     if deployment.images is not None:
         for f in fields(ImagesConfig):
             value = getattr(deployment.images, f.name)
@@ -378,13 +413,73 @@ def stage_path(role: str, value: str) -> str:
     )
 
 
-def load_stage(role: str, value: str) -> type:
+def code_dirs(deployment: Deployment) -> list[Path]:
+    """The deployment's code_paths as absolute folders."""
+    return [Path(os.path.abspath(deployment.base_dir / folder)) for folder in deployment.code_paths]
+
+
+def _under(file: str | None, folders: list[Path]) -> bool:
+    return file is not None and any(Path(os.path.abspath(file)).is_relative_to(f) for f in folders)
+
+
+def _stub_invisible_folders() -> list[Path]:
+    """Folders on this process's import path that a Triton Python stub may not have: PYTHONPATH's entries (its
+    interpreter is isolated) and the current directory (the stub's is the server's). A class found only there
+    imports here but maybe not where it is served."""
+    entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    if "" in sys.path or os.curdir in sys.path:
+        entries.append(os.getcwd())
+    return [Path(os.path.abspath(e)) for e in entries if not Path(os.path.abspath(e)).is_relative_to(ROOT)]
+
+
+def _import_stage_class(where: str, path: str, folders: list[Path]) -> type:
+    """Import a stage class the way the served stub will: the code_paths folders first on sys.path."""
+    if ":" not in path:
+        return load_stage_class(path)  # malformed: load_stage_class says why
+    module_name = path.partition(":")[0]
+    top = module_name.split(".")[0]
+    dirs = [str(f) for f in folders]
+    in_code_paths = bool(dirs) and importlib.machinery.PathFinder.find_spec(top, dirs) is not None
+    if in_code_paths:
+        others = [p for p in sys.path if p not in dirs]
+        elsewhere = importlib.machinery.PathFinder.find_spec(top, others)
+        if top in sys.builtin_module_names or (elsewhere is not None and not _under(elsewhere.origin, folders)):
+            where_else = "built into Python" if elsewhere is None else f"also at {elsewhere.origin}"
+            raise ConfigError(
+                f"{where}: module {top!r} in code_paths is {where_else}; the served stub would import the other one"
+                " (or yours would shadow it): rename your module"
+            )
+    sys.path[:0] = dirs
+    try:
+        cls = load_stage_class(path)
+        module_file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    finally:
+        del sys.path[: len(dirs)]
+        # Forget the modules of the code_paths: another render in this process (other folders, or none) must
+        # import as a fresh stub would, not find these in the cache.
+        for name, module in list(sys.modules.items()):
+            if _under(getattr(module, "__file__", None), folders):
+                del sys.modules[name]
+    if not in_code_paths and _under(module_file, _stub_invisible_folders()):
+        raise ConfigError(
+            f"{where}: {path!r} imports here only through PYTHONPATH or the current directory ({module_file});"
+            " Triton's Python stubs do not read PYTHONPATH and see the current directory only when the server"
+            " starts in it: list its folder under code_paths"
+        )
+    return cls
+
+
+def load_stage(role: str, value: str, folders: list[Path] | None = None) -> type:
+    """The stage class of a role; `folders`: the deployment's code_paths (see code_dirs)."""
     where = f"{role}.class"
     path = stage_path(role, value)
     try:
-        cls = load_stage_class(path)
+        cls = _import_stage_class(where, path, folders or [])
+    except ConfigError:
+        raise
     except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+        hint = "" if folders else " (a module in a folder of your own: list the folder under code_paths)"
+        raise ConfigError(f"{where}: {exc}{hint}") from exc
     for attr in ("inputs", "outputs"):
         specs = getattr(cls, attr, None)
         if not isinstance(specs, tuple) or not all(isinstance(t, TensorSpec) for t in specs):
@@ -580,16 +675,36 @@ def _is_local(model: str) -> bool:
     return model.startswith(("./", "../", "/"))
 
 
-def _repo_relative(path: Path, out: Path) -> str:
-    relative = os.path.relpath(path, out.resolve())
-    return relative if relative.startswith("../") else "./" + relative
+def project_root(out: Path) -> Path:
+    """The project folder that holds the output: the nearest folder at or above it with a `.git` (this project's
+    own folder for an output inside it). Without one, the output folder itself."""
+    out = Path(os.path.abspath(out))
+    for folder in (out, *out.parents):
+        if folder == ROOT or (folder / ".git").exists():
+            return folder
+    return out
 
 
-def render(deployment: Deployment, out: Path) -> dict[str, str]:
-    """Every file of the repository, by path relative to `out`."""
+def _repo_path(path: Path, out: Path, relative: bool = False) -> str:
+    """A local path as a rendered file writes it. Inside the output's project (see project_root) it is relative
+    to the output, so the project can move as a whole and the checked-in repository is the same on every machine;
+    anything else is absolute, so the rendered repository can move on its own. `relative`: always relative
+    (`--relative-model-paths`). The adapters resolve "./" and "../" against the repository root."""
+    path = Path(os.path.abspath(path))
+    out = Path(os.path.abspath(out))
+    if not relative and not path.is_relative_to(project_root(out)):
+        return str(path)
+    relative_path = os.path.relpath(path, out)
+    return relative_path if relative_path.startswith("../") else "./" + relative_path
+
+
+def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> dict[str, str]:
+    """Every file of the repository, by path relative to `out`. `relative_paths`: write every local path
+    relative to `out`, also those outside its project (which are absolute otherwise; see _repo_path)."""
     names = deployment.names
-    pre_cls = load_stage("preprocess", deployment.preprocess.cls)
-    post_cls = load_stage("postprocess", deployment.postprocess.cls)
+    folders = code_dirs(deployment)
+    pre_cls = load_stage("preprocess", deployment.preprocess.cls, folders)
+    post_cls = load_stage("postprocess", deployment.postprocess.cls, folders)
     check_wiring(pre_cls, post_cls, names)
     if stage_path("preprocess", deployment.preprocess.cls) == BUILTIN_STAGES["preprocess"]["raw"]:
         for key in ("chat_template", "images"):
@@ -601,10 +716,10 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
 
     model = deployment.model
     if _is_local(model):
-        model = _repo_relative(deployment.base_dir / model, out)
+        model = _repo_path(deployment.base_dir / model, out, relative_paths)
     engine_args = {**deployment.engine_args, "model": model}
     lora_paths = {
-        name: (_repo_relative(deployment.base_dir / p, out) if _is_local(p) else p)
+        name: (_repo_path(deployment.base_dir / p, out, relative_paths) if _is_local(p) else p)
         for name, p in sorted(deployment.lora_adapters.items())
     }
     pre_settings = {
@@ -612,7 +727,7 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         "max_model_len": engine_args.get("max_model_len"),
         "max_logprobs": engine_args.get("max_logprobs", 20),
         "lora_names": sorted(lora_paths),
-        **_preprocess_options(deployment, out),
+        **_preprocess_options(deployment, out, relative_paths),
         **deployment.preprocess.settings,
     }
     # tokenizer: the engine's; postprocess turns the engine's token ids into text (postprocess/detokenize.py)
@@ -627,8 +742,12 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
         names.preprocess, pre_cls.inputs, pre_cls.outputs, deployment.preprocess.instances, "KIND_CPU"
     )
     files[f"{names.preprocess}/1/model.py"] = _model_py("StageModel", "the preprocess stage")
+    # A stage of the deployment's own carries the code_paths (the same path rule as the model), which its adapter
+    # puts on sys.path: pointing at the folders, not copying them, keeps the code editable where it is and the
+    # repository text-only, as with the model.
+    code_paths = [_repo_path(folder, out, relative_paths) for folder in folders]
     files[f"{names.preprocess}/1/stage.json"] = _json(
-        {"class": stage_path("preprocess", deployment.preprocess.cls), "settings": pre_settings}
+        _stage_spec(stage_path("preprocess", deployment.preprocess.cls), pre_settings, code_paths)
     )
 
     files[f"{names.postprocess}/config.pbtxt"] = _python_model(
@@ -644,7 +763,7 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
     )
     files[f"{names.postprocess}/1/model.py"] = _model_py("StageModel", "the postprocess stage")
     files[f"{names.postprocess}/1/stage.json"] = _json(
-        {"class": stage_path("postprocess", deployment.postprocess.cls), "settings": post_settings}
+        _stage_spec(stage_path("postprocess", deployment.postprocess.cls), post_settings, code_paths)
     )
 
     core_io = ((tensors.ENGINE_REQUEST,), (tensors.ENGINE_RESPONSE,))
@@ -717,7 +836,15 @@ def render(deployment: Deployment, out: Path) -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
-def _preprocess_options(deployment: Deployment, out: Path) -> dict[str, Any]:
+def _stage_spec(cls: str, settings: dict[str, Any], code_paths: list[str]) -> dict[str, Any]:
+    """stage.json: the class, its settings and, for a class of the deployment's own, the folders it imports from."""
+    spec: dict[str, Any] = {"class": cls, "settings": settings}
+    if code_paths and cls not in BUILTIN_STAGES_PATHS:
+        spec["code_paths"] = code_paths
+    return spec
+
+
+def _preprocess_options(deployment: Deployment, out: Path, relative_paths: bool) -> dict[str, Any]:
     """The top-level chat_template and images keys, as the preprocess stage's settings."""
     options: dict[str, Any] = {}
     template = deployment.chat_template
@@ -725,7 +852,7 @@ def _preprocess_options(deployment: Deployment, out: Path) -> dict[str, Any]:
         if template.inline is not None:
             options["chat_template"] = template.inline
         elif template.file is not None:
-            options["chat_template_file"] = _repo_relative(deployment.base_dir / str(template.file), out)
+            options["chat_template_file"] = _repo_path(deployment.base_dir / str(template.file), out, relative_paths)
         options["allow_request_chat_template"] = template.allow_per_request
     if deployment.images is not None:
         for key, value in (
@@ -777,6 +904,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="NAME=VALUE", help="the value of ${NAME} in the config"
     )
+    parser.add_argument(
+        "--relative-model-paths",
+        action="store_true",
+        help="write local paths outside the output's project (model, adapters, chat template) relative to the"
+        " output too; by default they are absolute, so the rendered repository can move",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 if --out differs from the rendering")
     mode.add_argument("--dry-run", action="store_true", help="list the files that would be written")
@@ -788,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set {item!r}: expected NAME=VALUE")
         variables[name] = value
     try:
-        files = render(load_deployment(args.config, variables), args.out)
+        files = render(load_deployment(args.config, variables), args.out, args.relative_model_paths)
     except ConfigError as exc:
         print(f"render_repo: {args.config}: {exc}", file=sys.stderr)
         return 2

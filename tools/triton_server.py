@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,6 +33,50 @@ ROOT = Path(__file__).resolve().parent.parent
 # the plain path never had more than 32 requests in the engine, at any client concurrency. The deployment's
 # generate.max_in_flight (512 by default) needs at least as many. Pass it to a tritonserver you start yourself.
 PYTHON_BACKEND_THREADS = 512
+
+
+# Triton 2.51's log lines for a model that did not load, with the stub's Python error and its "At:" frames as
+# \n-escaped text inside the quoted message:
+#   E... model_lifecycle.cc:642] "failed to load 'postprocess' version 1: Internal: ValueError: ...\n\nAt:\n  ..."
+#   E... model_repository_manager.cc:703] "Invalid argument: ensemble 'm' depends on 'postprocess' which has no ..."
+_FAILED_TO_LOAD = re.compile(r"""failed to load '(?P<model>[^']+)' version \S+: (?P<error>.*?)"?$""")
+_DEPENDS_ON = re.compile(r"""ensemble '(?P<model>[^']+)' depends on '(?P<other>[^']+)' which has no loaded version""")
+
+
+@dataclass
+class LoadFailure:
+    model: str
+    lines: list[str]  # the error, then the Python traceback's lines when the stub gave one
+
+
+def load_failures(log_text: str) -> list[LoadFailure]:
+    """The models a server log says failed to load, each once, in the log's order; ensembles that failed only
+    because a step did not load name that step."""
+    failures: dict[str, LoadFailure] = {}
+    for line in log_text.splitlines():
+        if (found := _FAILED_TO_LOAD.search(line)) and found["model"] not in failures:
+            text = found["error"].replace("\\n", "\n").replace('\\"', '"')
+            lines = [part.rstrip() for part in text.split("\n") if part.strip()]
+            failures[found["model"]] = LoadFailure(found["model"], lines)
+        elif (found := _DEPENDS_ON.search(line)) and found["model"] not in failures:
+            failures[found["model"]] = LoadFailure(found["model"], [f"not loaded: its step {found['other']!r} failed"])
+    return list(failures.values())
+
+
+def format_failures(failures: list[LoadFailure]) -> str:
+    out = []
+    for failure in failures:
+        out.append(f"  model '{failure.model}': {failure.lines[0]}")
+        out.extend(f"      {line}" for line in failure.lines[1:])
+    return "\n".join(out)
+
+
+class ModelLoadError(RuntimeError):
+    """tritonserver stopped because models failed to load: starting it again would fail the same way."""
+
+    def __init__(self, message: str, failures: list[LoadFailure]) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 def pytriton_root() -> Path:
@@ -139,6 +185,8 @@ class TritonServer:
         self._log_handle = None
         # Ensemble requests Triton 2.51 never released (see stop()): model -> count, from the shutdown log
         self.leaked_inflight: dict[str, int] = {}
+        self._log_start = 0  # where this start's lines begin in an appended log file
+        self._log_in_tmp_dir = log_file is None
 
     @property
     def http_url(self) -> str:
@@ -169,7 +217,7 @@ class TritonServer:
     def start(self) -> None:
         # Short (Unix socket paths must stay under 108 bytes), under the caller's TMPDIR
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=self.shm_prefix))
-        if self.log_file is None:  # stop() reads Triton's shutdown messages
+        if self._log_in_tmp_dir:  # stop() reads Triton's shutdown messages; a new start, a new folder
             self.log_file = self.tmp_dir / "tritonserver.log"
         self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
         self._log_start = self.log_file.stat().st_size
@@ -194,7 +242,13 @@ class TritonServer:
         while time.monotonic() - start < timeout:
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
-                raise RuntimeError(f"tritonserver exited with code {code} before it was ready{self._log_hint()}")
+                message = f"tritonserver exited with code {code} before it was ready{self._log_hint()}"
+                failures = load_failures(self.log_text())
+                if failures:
+                    raise ModelLoadError(
+                        f"{message}; these models failed to load:\n{format_failures(failures)}", failures
+                    )
+                raise RuntimeError(message)
             if self.is_ready():
                 return time.monotonic() - start
             time.sleep(0.5)
@@ -206,7 +260,9 @@ class TritonServer:
         Triton 2.51's Python backend can abort at start-up under heavy load (seen here once:
         "terminate called after throwing an instance of 'boost::interprocess::lock_exception'", a known
         intermittent upstream crash). A server that dies before it is ready has served nothing, so one more
-        start is safe; the failure is still reported on stderr. `new_ports`: every start on free ports.
+        start is safe; the failure is still reported on stderr. A server that stopped because models failed to
+        load (ModelLoadError: the log names them) would fail the same way again: that is not retried.
+        `new_ports`: every start on free ports.
         """
         for attempt in range(1, attempts + 1):
             if new_ports:
@@ -214,12 +270,45 @@ class TritonServer:
             self.start()
             try:
                 return self.wait_ready(timeout)
+            except ModelLoadError:
+                self.stop()
+                raise
             except RuntimeError as exc:  # exited before ready; a TimeoutError is not retried
                 self.stop()
                 if attempt == attempts:
                     raise
                 print(f"tritonserver start {attempt} failed, starting again: {exc}", file=sys.stderr)
         raise AssertionError("unreachable")
+
+    def log_text(self) -> str:
+        """This start's part of the log file ("" without one)."""
+        if self.log_file is None or not Path(self.log_file).exists():
+            return ""
+        with open(self.log_file, "rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode("utf-8", errors="replace")
+
+    def public_models(self) -> dict[str, bool]:
+        """The ready models a client calls, name -> streaming (decoupled): ensembles, and the BLS entry models of
+        a rendered repository (Python models with a `stream` parameter). Read from the server's own configs."""
+        index = _http_json(f"http://{self.http_url}/v2/repository/index", body=b"{}")
+        configs = {
+            m["name"]: _http_json(f"http://{self.http_url}/v2/models/{m['name']}/config")
+            for m in index
+            if m.get("state") == "READY"
+        }
+
+        def decoupled(name: str) -> bool:
+            return bool(configs.get(name, {}).get("model_transaction_policy", {}).get("decoupled", False))
+
+        public = {}
+        for name, config in sorted(configs.items()):
+            if config.get("platform") == "ensemble":
+                steps = config.get("ensemble_scheduling", {}).get("step", [])
+                public[name] = any(decoupled(step["model_name"]) for step in steps)
+            elif "stream" in config.get("parameters", {}):
+                public[name] = decoupled(name)
+        return public
 
     def _log_hint(self) -> str:
         return f" (log: {self.log_file})" if self.log_file else ""
@@ -264,12 +353,7 @@ class TritonServer:
 
     def _only_ensembles_in_flight(self) -> dict[str, int]:
         """{ensemble: count} when the last two of Triton's once-a-second shutdown reports name only ensembles."""
-        if self.log_file is None or not self.log_file.exists():
-            return {}
-        with open(self.log_file, "rb") as log:
-            log.seek(self._log_start)
-            text = log.read().decode("utf-8", errors="replace")
-        rounds = text.split(self._INFLIGHT_ROUND)[1:]  # each report: its header, then one line per model
+        rounds = self.log_text().split(self._INFLIGHT_ROUND)[1:]  # each report: its header, then one line per model
         if len(rounds) < 3:  # the last report may still be being written
             return {}
         reports = [dict((m, int(n)) for m, n in self._INFLIGHT.findall(r)) for r in rounds[-3:-1]]
@@ -305,6 +389,12 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _http_json(url: str, body: bytes | None = None) -> Any:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
 
 
 def _kill_group(pgid: int) -> None:
