@@ -23,6 +23,7 @@ from typing import Any
 
 from core.interface import InvalidInput, Unavailable, lora_error
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
+from core.token_sync import sync_token_ids
 from core.token_windows import TokenWindows, decode_options
 from core.vllm_version import check_vllm_version
 
@@ -274,8 +275,6 @@ class Engine:
                 log.warning(warning)
             self._llm = self._new_llm()
             if self._offload_detokenization and self._llm.tokenizer is not None:
-                from postprocess.detokenize import sync_token_ids
-
                 self._sync_ids = sync_token_ids(self._llm.tokenizer)
         except BaseException as exc:  # noqa: BLE001 - handed to start() in the caller's thread
             self._start_error = exc
