@@ -384,10 +384,6 @@ class Engine:
         gc.collect()
 
     @property
-    def max_model_len(self) -> int | None:
-        return self._llm.model_config.max_model_len if self._llm is not None else None
-
-    @property
     def errored(self) -> bool:
         return self._llm is None or bool(self._llm.errored)
 
@@ -534,6 +530,3 @@ class Engine:
             if not finished:
                 with contextlib.suppress(Exception):
                     await self._llm.abort(request_id)
-
-    async def abort(self, request_ids: list[str]) -> None:
-        await self._llm.abort(request_ids)

@@ -25,9 +25,6 @@ class TensorSpec:
     def numpy_dtype(self) -> type:
         return NUMPY_DTYPES[self.data_type]
 
-    def as_optional(self) -> TensorSpec:
-        return TensorSpec(self.name, self.data_type, self.dims, True, self.doc)
-
 
 NUMPY_DTYPES: dict[str, type] = {
     "TYPE_STRING": np.object_,

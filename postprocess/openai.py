@@ -21,11 +21,6 @@ from core.protocol import EngineResponse, SequenceDelta
 from postprocess.base import EnginePostprocessor
 
 
-def sequence_text(seq: SequenceDelta) -> str:
-    """The new text of one sequence (decoded by EnginePostprocessor.engine_response)."""
-    return seq.text
-
-
 def _logprobs(seq: SequenceDelta) -> dict[str, Any] | None:
     """OpenAI's `logprobs.content`: per new token its logprob and the top alternatives."""
     if seq.logprobs is None:
@@ -64,7 +59,7 @@ class OpenAIPostprocessor(EnginePostprocessor):
             choices = [
                 {
                     "index": seq.index,
-                    "delta": {"role": "assistant", "content": sequence_text(seq)},
+                    "delta": {"role": "assistant", "content": seq.text},
                     "logprobs": _logprobs(seq),
                     "finish_reason": seq.finish_reason,
                 }
@@ -74,7 +69,7 @@ class OpenAIPostprocessor(EnginePostprocessor):
         choices = [
             {
                 "index": seq.index,
-                "message": {"role": "assistant", "content": sequence_text(seq)},
+                "message": {"role": "assistant", "content": seq.text},
                 "logprobs": _logprobs(seq),
                 "finish_reason": seq.finish_reason,
             }

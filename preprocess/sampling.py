@@ -197,11 +197,7 @@ class Rule:
     rule: str = ""
 
 
-def _rule(parse: Callable[[Any, str], Any], check: Callable[[Any], bool] | None = None, rule: str = "") -> Rule:
-    return Rule(parse, check, rule)
-
-
-_BOOL = _rule(parse_bool)
+_BOOL = Rule(parse_bool)
 
 # Keys are vLLM 0.32 SamplingParams fields (a test checks that every client-settable field is here or in
 # NOT_SETTABLE), plus `lora_name` and the legacy `guided_decoding`. Ranges are vLLM's own (SamplingParams.
@@ -209,42 +205,42 @@ _BOOL = _rule(parse_bool)
 # builds SamplingParams, whose validation (and the engine's model-dependent checks: vocabulary ranges,
 # max_logprobs, structured-output compilation) also ends as INVALID_ARG.
 SAMPLING_RULES: dict[str, Rule] = {
-    "n": _rule(_to_int, lambda v: v >= 1, "must be >= 1"),
-    "presence_penalty": _rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
-    "frequency_penalty": _rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
-    "repetition_penalty": _rule(_to_float, lambda v: v > 0.0, "must be > 0"),
-    "temperature": _rule(_to_float, lambda v: 0.0 <= v <= 2.0, "must be in [0, 2]"),
-    "top_p": _rule(_to_float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
-    "top_k": _rule(_to_int, lambda v: v >= -1, "must be -1 or 0 (disabled) or a positive integer"),
-    "min_p": _rule(_to_float, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
+    "n": Rule(_to_int, lambda v: v >= 1, "must be >= 1"),
+    "presence_penalty": Rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
+    "frequency_penalty": Rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
+    "repetition_penalty": Rule(_to_float, lambda v: v > 0.0, "must be > 0"),
+    "temperature": Rule(_to_float, lambda v: 0.0 <= v <= 2.0, "must be in [0, 2]"),
+    "top_p": Rule(_to_float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+    "top_k": Rule(_to_int, lambda v: v >= -1, "must be -1 or 0 (disabled) or a positive integer"),
+    "min_p": Rule(_to_float, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
     # The engine's MessagePack transport and torch generators take 64-bit seeds only.
-    "seed": _rule(_to_int, lambda v: -(2**63) <= v < 2**64, "must fit in 64 bits"),
-    "stop": _rule(_stop, _non_empty_strings, "stop strings must not be empty"),
-    "stop_token_ids": _rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
-    "bad_words": _rule(_str_list, _non_empty_strings, "bad words must not be empty"),
+    "seed": Rule(_to_int, lambda v: -(2**63) <= v < 2**64, "must fit in 64 bits"),
+    "stop": Rule(_stop, _non_empty_strings, "stop strings must not be empty"),
+    "stop_token_ids": Rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
+    "bad_words": Rule(_str_list, _non_empty_strings, "bad words must not be empty"),
     "ignore_eos": _BOOL,
     # Beyond the context is accepted (generation stops there, finish reason "length"); the bound keeps
     # absurd values out of the engine's 64-bit fields.
-    "max_tokens": _rule(_to_int, lambda v: 1 <= v < 2**63, "must be >= 1 (and below 2**63)"),
-    "min_tokens": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
-    "logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
-    "prompt_logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
-    "prompt_logprob_start": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
-    "logprob_token_ids": _rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
+    "max_tokens": Rule(_to_int, lambda v: 1 <= v < 2**63, "must be >= 1 (and below 2**63)"),
+    "min_tokens": Rule(_to_int, lambda v: v >= 0, "must be >= 0"),
+    "logprobs": Rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
+    "prompt_logprobs": Rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
+    "prompt_logprob_start": Rule(_to_int, lambda v: v >= 0, "must be >= 0"),
+    "logprob_token_ids": Rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
     "skip_special_tokens": _BOOL,
     "spaces_between_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL,
-    "logit_bias": _rule(_logit_bias),
-    "allowed_token_ids": _rule(_int_list, lambda v: len(v) > 0, "must not be empty"),
-    "structured_outputs": _rule(_structured),
-    "guided_decoding": _rule(_legacy_structured),
-    "stream_interval": _rule(_to_int, lambda v: v >= 1, "must be >= 1"),
+    "logit_bias": Rule(_logit_bias),
+    "allowed_token_ids": Rule(_int_list, lambda v: len(v) > 0, "must not be empty"),
+    "structured_outputs": Rule(_structured),
+    "guided_decoding": Rule(_legacy_structured),
+    "stream_interval": Rule(_to_int, lambda v: v >= 1, "must be >= 1"),
     "skip_reading_prefix_cache": _BOOL,
-    "thinking_token_budget": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
+    "thinking_token_budget": Rule(_to_int, lambda v: v >= 0, "must be >= 0"),
     "watermarking": _BOOL,
-    "repetition_detection": _rule(_repetition_detection),
-    "extra_args": _rule(_object),
-    "lora_name": _rule(_to_str),
+    "repetition_detection": Rule(_repetition_detection),
+    "extra_args": Rule(_object),
+    "lora_name": Rule(_to_str),
 }
 
 # Fields of vLLM 0.32's SamplingParams that vLLM 0.26 (the oldest supported) lacks. Checked here like the others;
