@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput, Unavailable, lora_error
+from core.interface import InvalidInput, Unavailable, check_lora
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
 from core.token_sync import sync_token_ids
 from core.token_windows import TokenWindows, decode_options
@@ -476,10 +476,9 @@ class Engine:
         return sampling_params(request, offload_detokenization=self._sync_ids is not None)
 
     def _lora_request(self, name: str | None) -> Any:
+        check_lora(name, self._lora_adapters)
         if name is None:
             return None
-        if name not in self._lora_adapters:
-            raise lora_error(name, sorted(self._lora_adapters))
         from vllm.lora.request import LoRARequest
 
         lora_id = sorted(self._lora_adapters).index(name) + 1

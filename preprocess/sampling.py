@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput, lora_error
-from core.stage import parse_bool
+from core.interface import InvalidInput, check_lora
+from core.stage import parse_bool, parse_json_container, parse_json_object
 
 VLLM_DEFAULT_MAX_TOKENS = 16  # SamplingParams.max_tokens when the request does not set it
 
@@ -64,46 +64,36 @@ def _to_str(value: Any, field: str) -> str:
     return value
 
 
-def _maybe_json(value: Any) -> Any:
-    """Lists and objects may arrive JSON-encoded in a string (request parameters cannot carry them)."""
-    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
 def _str_list(value: Any, field: str) -> list[str]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, list):
         raise InvalidInput(f"{field}: expected a list of strings, got {value!r}")
     return [_to_str(v, f"{field}[{i}]") for i, v in enumerate(value)]
 
 
 def _int_list(value: Any, field: str) -> list[int]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, list):
         raise InvalidInput(f"{field}: expected a list of integers, got {value!r}")
     return [_to_int(v, f"{field}[{i}]") for i, v in enumerate(value)]
 
 
 def _stop(value: Any, field: str) -> str | list[str]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field, keep_invalid=True)  # "[INST" is a stop string
     if isinstance(value, str):
         return value
     return _str_list(value, field)
 
 
 def _logit_bias(value: Any, field: str) -> dict[int, float]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, dict):
         raise InvalidInput(f"{field}: expected an object of token id -> bias, got {value!r}")
     return {_to_int(k, f"{field} key"): _to_float(v, f"{field}[{k}]") for k, v in value.items()}
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, dict):
         raise InvalidInput(f"{field}: expected a JSON object, got {value!r}")
     return value
@@ -262,16 +252,6 @@ NOT_SETTABLE: dict[str, str] = {
 }
 
 
-def _parse_tensor_json(text: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"sampling_parameters: invalid JSON ({exc.msg} at position {exc.pos})") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput(f"sampling_parameters: expected a JSON object, got {type(doc).__name__}")
-    return doc
-
-
 def validate_sampling(
     tensor_json: str | None,
     request_parameters: Mapping[str, Any],
@@ -286,7 +266,7 @@ def validate_sampling(
         if k not in TRITON_REQUEST_PARAMETERS and not k.startswith("triton_")
     }
     if tensor_json is not None:
-        merged.update(_parse_tensor_json(tensor_json))
+        merged.update(parse_json_object(tensor_json, "sampling_parameters"))
 
     checked: dict[str, Any] = {}
     for key, raw in merged.items():
@@ -319,7 +299,5 @@ def validate_sampling(
                 raise InvalidInput(f"{key}=-1: the whole vocabulary needs the engine's max_logprobs=-1")
             if value > max_logprobs:
                 raise InvalidInput(f"{key}={value}: must be <= {max_logprobs} (the engine's max_logprobs)")
-    lora = checked.get("lora_name")
-    if lora is not None and known_loras is not None and lora not in known_loras:
-        raise lora_error(lora, sorted(known_loras))
+    check_lora(checked.get("lora_name"), known_loras)
     return checked
