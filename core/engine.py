@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput, Unavailable, lora_error
+from core.interface import InvalidInput, Unavailable, check_lora
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
+from core.token_sync import sync_token_ids
 from core.token_windows import TokenWindows, decode_options
 from core.vllm_version import check_vllm_version
 
@@ -274,8 +275,6 @@ class Engine:
                 log.warning(warning)
             self._llm = self._new_llm()
             if self._offload_detokenization and self._llm.tokenizer is not None:
-                from postprocess.detokenize import sync_token_ids
-
                 self._sync_ids = sync_token_ids(self._llm.tokenizer)
         except BaseException as exc:  # noqa: BLE001 - handed to start() in the caller's thread
             self._start_error = exc
@@ -385,10 +384,6 @@ class Engine:
         gc.collect()
 
     @property
-    def max_model_len(self) -> int | None:
-        return self._llm.model_config.max_model_len if self._llm is not None else None
-
-    @property
     def errored(self) -> bool:
         return self._llm is None or bool(self._llm.errored)
 
@@ -481,10 +476,9 @@ class Engine:
         return sampling_params(request, offload_detokenization=self._sync_ids is not None)
 
     def _lora_request(self, name: str | None) -> Any:
+        check_lora(name, self._lora_adapters)
         if name is None:
             return None
-        if name not in self._lora_adapters:
-            raise lora_error(name, sorted(self._lora_adapters))
         from vllm.lora.request import LoRARequest
 
         lora_id = sorted(self._lora_adapters).index(name) + 1
@@ -535,6 +529,3 @@ class Engine:
             if not finished:
                 with contextlib.suppress(Exception):
                     await self._llm.abort(request_id)
-
-    async def abort(self, request_ids: list[str]) -> None:
-        await self._llm.abort(request_ids)

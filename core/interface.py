@@ -7,7 +7,7 @@ spells a tensor's type or shape.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,9 +24,6 @@ class TensorSpec:
     @property
     def numpy_dtype(self) -> type:
         return NUMPY_DTYPES[self.data_type]
-
-    def as_optional(self) -> TensorSpec:
-        return TensorSpec(self.name, self.data_type, self.dims, True, self.doc)
 
 
 NUMPY_DTYPES: dict[str, type] = {
@@ -58,12 +55,16 @@ def stream_echo_error() -> InvalidInput:
     )
 
 
-def lora_error(name: str, known: Sequence[str]) -> InvalidInput:
-    """The backend's two LoRA errors: no adapters served at all, or an adapter it does not serve."""
-    if not known:
-        return InvalidInput(f"LoRA feature is not enabled. lora_name={name!r}: this deployment serves no LoRA adapters")
+def check_lora(name: str | None, served: Collection[str] | None) -> None:
+    """A request's `lora_name` against the adapters served (None: not known here, the core checks), with the
+    backend's two errors: no adapters served at all, or an adapter it does not serve. Preprocess checks early,
+    the core checks again (a deployment's own preprocess may not)."""
+    if name is None or served is None or name in served:
+        return
+    if not served:
+        raise InvalidInput(f"LoRA feature is not enabled. lora_name={name!r}: this deployment serves no LoRA adapters")
     # The backend prints its Python list of names: ['adapter1', 'adapter2']
-    return InvalidInput(f"LoRA {name} is not supported, we currently support {list(known)} (lora_name={name!r})")
+    raise InvalidInput(f"LoRA {name} is not supported, we currently support {sorted(served)} (lora_name={name!r})")
 
 
 def _bool(name: str, doc: str) -> TensorSpec:

@@ -14,6 +14,7 @@ installed package or from a folder of their own (the deployment's `code_paths`).
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,6 +84,34 @@ def parse_bool(value: Any, field: str) -> bool:
         if lowered in _FALSE_STRINGS:
             return False
     raise InvalidInput(f"{field}: expected a boolean, got {value!r}")
+
+
+def _invalid_json(field: str, exc: json.JSONDecodeError) -> InvalidInput:
+    return InvalidInput(f"{field}: invalid JSON ({exc.msg} at position {exc.pos})")
+
+
+def parse_json_container(value: Any, field: str, *, keep_invalid: bool = False) -> Any:
+    """Request parameters are scalars: lists and objects arrive JSON-encoded in a string. A string that looks
+    like one but does not parse is an error, or stays a string with `keep_invalid` (a stop string may be "[x")."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            if keep_invalid:
+                return value
+            raise _invalid_json(field, exc) from None
+    return value
+
+
+def parse_json_object(text: str, field: str) -> dict[str, Any]:
+    """A tensor that holds one JSON object (`sampling_parameters`, `chat_options`); blank text is {}."""
+    try:
+        doc = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise _invalid_json(field, exc) from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{field}: expected a JSON object, got {type(doc).__name__}")
+    return doc
 
 
 def scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any | None:

@@ -1,7 +1,7 @@
 """Per-request token windows the core attaches to each delta so postprocess can detokenize it (ids only).
 
 The engine process does not decode text (vLLM runs with `detokenize=False`); postprocess replays vLLM's
-incremental detokenizer from the last *sync token* before a delta's new tokens (postprocess/detokenize.py says
+incremental detokenizer from the last *sync token* before a delta's new tokens (core/token_sync.py says
 what a sync token is and why that is exact). Here that is a set lookup per token and a bisect per delta.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-from postprocess.detokenize import LOGPROB_CONTEXT
+from core.token_sync import LOGPROB_CONTEXT
 
 # vLLM's defaults of the sampling parameters that change how ids become text; responses carry only the others
 # (every byte of an engine response costs CPU in the engine process, once per streamed delta).

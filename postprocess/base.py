@@ -29,9 +29,5 @@ class EnginePostprocessor(Stage):
         raw = scalar(inputs, tensors.ENGINE_RESPONSE.name)
         if raw is None:
             raise InvalidInput(f"{tensors.ENGINE_RESPONSE.name} is missing")
-        response = EngineResponse.from_json(raw)
-        if response.decode is not None:
-            if self.detokenizer is None:
-                raise RuntimeError("the engine sent token ids to decode but this stage has no 'tokenizer' setting")
-            detokenize(response, self.detokenizer)
-        return response
+        # A stage without a tokenizer holds a NoDetokenizer: it refuses ids to decode, and passes decoded text.
+        return detokenize(EngineResponse.from_json(raw), self.detokenizer)

@@ -1,23 +1,12 @@
 """Detokenization outside the engine process, exactly as vLLM 0.32 does it inside (shared by every postprocess stage).
 
-vLLM's engine turns token ids into text with `FastIncrementalDetokenizer` (vllm/v1/engine/detokenizer.py): a
-`tokenizers.decoders.DecodeStream` primed with the prompt ids and stepped once per output token, plus a reset
-when the stream reports an invalid prefix and a special-token spacing rule. Its state is a window of ids
-(the ids of the last emitted piece plus the ids not emitted yet), and which ids sit in that window depends on
-the decoded bytes, so it cannot be computed from ids alone. This module keeps the postprocess stateless anyway:
+The core sends token ids with a window of context ids that starts at a *sync token* (core/token_sync.py says
+what that is and why it makes this exact). `detokenize` primes a fresh DecodeStream at that sync token and
+replays the same steps vLLM took (a reset when the stream reports an invalid prefix, the special-token spacing
+rule), so each delta gets exactly the text vLLM's engine would have emitted for it. The replay window is a few
+tokens for real text; it grows only over runs of tokens that do not form text (broken UTF-8, special tokens).
 
-* A *sync token* is a plain vocabulary token after which the stream's future output no longer depends on what
-  came before: it always completes an emission (its text is non-empty and whole: no U+FFFD, not a
-  byte-fallback piece, not an added/special token), and for the decoders handled here (byte-level BPE;
-  SentencePiece-style Metaspace / Replace + ByteFallback + Fuse + Strip) the text of later tokens is appended
-  to the text before it. `sync_token_ids` lists them once per tokenizer (the core loads it at start-up).
-* The core (which must not decode text) sends with every delta `context_ids`: the ids from the last sync token
-  before the delta's new tokens (or from the start of the prompt when there is none), looked up by id only.
-* `detokenize` primes a fresh DecodeStream at that sync token and replays the same steps vLLM took, so each
-  delta gets exactly the text vLLM's engine would have emitted for it. The replay window is a few tokens for
-  real text; it grows only over runs of tokens that do not form text (broken UTF-8, special tokens).
-
-`detokenize(response, tokenizer)` fills `SequenceDelta.text` and the logprobs' `decoded_token` in place; every
+`detokenize(response, detokenizer)` fills `SequenceDelta.text` and the logprobs' `decoded_token` in place; every
 postprocess stage calls it first, then reads `seq.text` as before. Responses the engine already detokenized
 (requests with stop strings, tokenizers without a sync table) pass through unchanged.
 """
@@ -25,68 +14,11 @@ postprocess stage calls it first, then reads `seq.text` as before. Responses the
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from core.protocol import EngineResponse, SequenceDelta
-
-REPLACEMENT = "\ufffd"
-_BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
-# Decoder steps whose output for later tokens is appended to the output for earlier ones (see the module doc).
-_SENTENCEPIECE_STEPS = frozenset({"Metaspace", "Replace", "ByteFallback", "Fuse", "Strip"})
-# vLLM's logprobs processor looks back this many sampled tokens to repair a decoded token (logprobs.py).
-LOGPROB_CONTEXT = 4
-
-
-def _raw(tokenizer: Any) -> Any:
-    """The `tokenizers.Tokenizer` behind a transformers tokenizer (what vLLM's DecodeStream steps with)."""
-    return getattr(tokenizer, "_tokenizer", None) or getattr(tokenizer, "backend_tokenizer", None)
-
-
-def uses_decode_stream(tokenizer: Any) -> bool:
-    """vLLM's own test (detokenizer.uses_fast_detokenizer): other tokenizers take its slow path, not reproduced."""
-    try:
-        from transformers import TokenizersBackend
-    except ImportError:
-        return False
-    return isinstance(tokenizer, TokenizersBackend) and _raw(tokenizer) is not None
-
-
-def _decoder_kind(config: dict[str, Any]) -> str | None:
-    decoder = config.get("decoder") or {}
-    kind = decoder.get("type")
-    if kind == "ByteLevel":
-        return "byte_level"
-    steps = [d.get("type") for d in decoder.get("decoders", [])] if kind == "Sequence" else [kind]
-    if steps and set(steps) <= _SENTENCEPIECE_STEPS:
-        return "sentencepiece"
-    return None
-
-
-def sync_token_ids(tokenizer: Any) -> frozenset[int] | None:
-    """The tokenizer's sync tokens, or None when the engine must keep detokenizing (unsupported tokenizer).
-
-    Called once at start-up (one decode per vocabulary entry); the core then needs only set lookups.
-    """
-    if not uses_decode_stream(tokenizer):
-        return None
-    raw = _raw(tokenizer)
-    kind = _decoder_kind(json.loads(raw.to_str()))
-    if kind is None:
-        return None
-    added = set(raw.get_added_tokens_decoder())
-    sync = set()
-    for token_id in range(raw.get_vocab_size(with_added_tokens=True)):
-        if token_id in added:
-            continue
-        piece = raw.id_to_token(token_id)
-        if not piece or (kind == "sentencepiece" and _BYTE_FALLBACK.match(piece)):
-            continue
-        text = raw.decode([token_id], skip_special_tokens=False)
-        if text and REPLACEMENT not in text:
-            sync.add(token_id)
-    return frozenset(sync)
+from core.token_sync import LOGPROB_CONTEXT, REPLACEMENT, raw_tokenizer, uses_decode_stream
 
 
 class _Stream:
@@ -129,7 +61,7 @@ class Detokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.raw = _raw(tokenizer)
+        self.raw = raw_tokenizer(tokenizer)
         config = json.loads(self.raw.to_str())
         pre = config.get("pre_tokenizer") or {}
         subs = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
@@ -222,19 +154,34 @@ class Detokenizer:
         return "".join(stream.step(token_id) for token_id in new_ids)
 
 
-def load_detokenizer(settings: dict[str, Any]) -> Detokenizer | None:
+class NoDetokenizer:
+    """The detokenizer of a stage without a `tokenizer` setting: a null object, as vLLM's base
+    IncrementalDetokenizer is for requests it does not detokenize. Responses the engine decoded pass through
+    `detokenize` without reaching it; ids to decode are an error, since the engine sends them only when the
+    deployment gave postprocess the tokenizer."""
+
+    MISSING = "the engine sent token ids to decode but this stage has no 'tokenizer' setting"
+
+    def sequence_text(self, seq: SequenceDelta, decode: dict[str, Any]) -> str:
+        raise RuntimeError(self.MISSING)
+
+    def fill_logprobs(self, positions: list[dict[str, list] | None], context: list[int]) -> None:
+        raise RuntimeError(self.MISSING)
+
+
+def load_detokenizer(settings: dict[str, Any]) -> Detokenizer | NoDetokenizer:
     """The detokenizer of a postprocess stage's settings (`tokenizer`: the engine's tokenizer path or name)."""
     path = settings.get("tokenizer")
     if path is None:
-        return None
+        return NoDetokenizer()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     # The engine keeps decoding for other tokenizers (no sync table), so it never asks this stage to.
-    return Detokenizer(tokenizer) if uses_decode_stream(tokenizer) else None
+    return Detokenizer(tokenizer) if uses_decode_stream(tokenizer) else NoDetokenizer()
 
 
-def detokenize(response: EngineResponse, detokenizer: Detokenizer) -> EngineResponse:
+def detokenize(response: EngineResponse, detokenizer: Detokenizer | NoDetokenizer) -> EngineResponse:
     """Fill the text and logprob tokens of a response whose ids the engine did not decode (in place; idempotent)."""
     decode = response.decode
     if decode is None:

@@ -21,11 +21,6 @@ from core.protocol import EngineResponse, SequenceDelta
 from postprocess.base import EnginePostprocessor
 
 
-def sequence_text(seq: SequenceDelta) -> str:
-    """The new text of one sequence (decoded by EnginePostprocessor.engine_response)."""
-    return seq.text
-
-
 def _logprobs(seq: SequenceDelta) -> dict[str, Any] | None:
     """OpenAI's `logprobs.content`: per new token its logprob and the top alternatives."""
     if seq.logprobs is None:
@@ -60,26 +55,19 @@ class OpenAIPostprocessor(EnginePostprocessor):
 
     def document(self, response: EngineResponse, created: int) -> dict[str, Any]:
         header = {"id": f"chatcmpl-{response.request_id}", "created": created, "model": self.model_name}
-        if response.streamed:
-            choices = [
-                {
-                    "index": seq.index,
-                    "delta": {"role": "assistant", "content": sequence_text(seq)},
-                    "logprobs": _logprobs(seq),
-                    "finish_reason": seq.finish_reason,
-                }
-                for seq in response.outputs
-            ]
-            return {**header, "object": "chat.completion.chunk", "choices": choices}
+        # A chunk's choice carries the new text as `delta`, a whole answer's as `message`; otherwise they agree.
+        text_key = "delta" if response.streamed else "message"
         choices = [
             {
                 "index": seq.index,
-                "message": {"role": "assistant", "content": sequence_text(seq)},
+                text_key: {"role": "assistant", "content": seq.text},
                 "logprobs": _logprobs(seq),
                 "finish_reason": seq.finish_reason,
             }
             for seq in response.outputs
         ]
+        if response.streamed:
+            return {**header, "object": "chat.completion.chunk", "choices": choices}
         completion_tokens = sum(len(seq.token_ids) for seq in response.outputs)
         usage = {
             "prompt_tokens": response.num_input_tokens,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,11 @@ def logprobs_json(seq: SequenceDelta) -> str:
     return _positions_json(seq.logprobs)
 
 
+def _strings(texts: Iterable[str]) -> np.ndarray:
+    """A TYPE_STRING output tensor: one UTF-8 element per text."""
+    return np.array([text.encode("utf-8") for text in texts], dtype=np.object_)
+
+
 class VllmBackendPostprocessor(EnginePostprocessor):
     outputs = (*tensors.VLLM_BACKEND_OUTPUTS, tensors.STOP_REASON, tensors.PROMPT_LOGPROBS)
 
@@ -45,24 +50,23 @@ class VllmBackendPostprocessor(EnginePostprocessor):
         prefix = options.get("prompt_prefix", "")
         seqs = response.outputs
 
-        out: dict[str, np.ndarray] = {
-            "text_output": np.array([(prefix + s.text).encode("utf-8") for s in seqs], dtype=np.object_)
-        }
-        if "return_finish_reason" in wanted:
+        # Names from the TensorSpecs (core/interface.py), which the rendered configs declare.
+        out = {tensors.TEXT_OUTPUT.name: _strings(prefix + s.text for s in seqs)}
+        if tensors.RETURN_FINISH_REASON.name in wanted:
             # str(None) == "None" for unfinished sequences, as the vLLM backend sends while streaming.
-            out["finish_reason"] = np.array([str(s.finish_reason).encode() for s in seqs], dtype=np.object_)
-        if "return_cumulative_logprob" in wanted:
-            out["cumulative_logprob"] = np.array(
+            out[tensors.FINISH_REASON.name] = _strings(str(s.finish_reason) for s in seqs)
+        if tensors.RETURN_CUMULATIVE_LOGPROB.name in wanted:
+            out[tensors.CUMULATIVE_LOGPROB.name] = np.array(
                 [math.nan if s.cumulative_logprob is None else s.cumulative_logprob for s in seqs], dtype=np.float32
             )
-        if "return_logprobs" in wanted:
-            out["logprobs"] = np.array([logprobs_json(s).encode("utf-8") for s in seqs], dtype=np.object_)
-        if "return_num_input_tokens" in wanted:
-            out["num_input_tokens"] = np.array([response.num_input_tokens], dtype=np.uint32)
-        if "return_num_output_tokens" in wanted:
-            out["num_output_tokens"] = np.array([len(s.token_ids) for s in seqs], dtype=np.uint32)
-        if "return_stop_reason" in wanted:
-            out["stop_reason"] = np.array([str(s.stop_reason).encode("utf-8") for s in seqs], dtype=np.object_)
+        if tensors.RETURN_LOGPROBS.name in wanted:
+            out[tensors.LOGPROBS.name] = _strings(logprobs_json(s) for s in seqs)
+        if tensors.RETURN_NUM_INPUT_TOKENS.name in wanted:
+            out[tensors.NUM_INPUT_TOKENS.name] = np.array([response.num_input_tokens], dtype=np.uint32)
+        if tensors.RETURN_NUM_OUTPUT_TOKENS.name in wanted:
+            out[tensors.NUM_OUTPUT_TOKENS.name] = np.array([len(s.token_ids) for s in seqs], dtype=np.uint32)
+        if tensors.RETURN_STOP_REASON.name in wanted:
+            out[tensors.STOP_REASON.name] = _strings(str(s.stop_reason) for s in seqs)
         if response.prompt_logprobs is not None:  # only the response that carries them (the first one)
-            out["prompt_logprobs"] = np.array([_positions_json(response.prompt_logprobs).encode("utf-8")], np.object_)
+            out[tensors.PROMPT_LOGPROBS.name] = _strings([_positions_json(response.prompt_logprobs)])
         return out

@@ -28,7 +28,7 @@ import jinja2.nodes
 import jinja2.sandbox
 
 from core.interface import InvalidInput
-from core.stage import parse_bool
+from core.stage import parse_bool, parse_json_container, parse_json_object
 
 ROLES = ("system", "user", "assistant", "tool")
 TEXT_PART_TYPES = ("text",)
@@ -60,18 +60,8 @@ class Conversation:
     image_sources: list[str]
 
 
-def _json_value(value: Any, field_name: str) -> Any:
-    """Request parameters are scalars: lists and objects arrive JSON-encoded in a string."""
-    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"{field_name}: invalid JSON ({exc.msg} at position {exc.pos})") from None
-    return value
-
-
 def _list_of_objects(value: Any, field_name: str) -> list[dict[str, Any]]:
-    value = _json_value(value, field_name)
+    value = parse_json_container(value, field_name)
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise InvalidInput(f"{field_name}: expected a list of JSON objects, got {value!r:.200}")
     return value
@@ -82,13 +72,8 @@ def parse_chat_options(
 ) -> ChatOptions:
     """Request parameters (keys in CHAT_OPTION_KEYS) overlaid by the `chat_options` JSON tensor."""
     merged = {k: v for k, v in request_parameters.items() if k in CHAT_OPTION_KEYS}
-    if tensor_json is not None and tensor_json.strip():
-        try:
-            doc = json.loads(tensor_json)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"chat_options: invalid JSON ({exc.msg} at position {exc.pos})") from None
-        if not isinstance(doc, dict):
-            raise InvalidInput(f"chat_options: expected a JSON object, got {type(doc).__name__}")
+    if tensor_json is not None:
+        doc = parse_json_object(tensor_json, "chat_options")
         unknown = sorted(set(doc) - CHAT_OPTION_KEYS)
         if unknown:
             raise InvalidInput(
@@ -111,7 +96,7 @@ def parse_chat_options(
             )
         options.chat_template = template
     if merged.get("chat_template_kwargs") is not None:
-        kwargs = _json_value(merged["chat_template_kwargs"], "chat_template_kwargs")
+        kwargs = parse_json_container(merged["chat_template_kwargs"], "chat_template_kwargs")
         if not isinstance(kwargs, dict):
             raise InvalidInput(f"chat_template_kwargs: expected a JSON object, got {kwargs!r:.200}")
         reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())

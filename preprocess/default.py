@@ -20,24 +20,15 @@ import numpy as np
 from core import interface as tensors
 from core.interface import InvalidInput
 from core.protocol import EngineRequest
-from core.stage import Stage, bool_scalar, parse_bool, string_scalar
+from core.stage import parse_bool, string_scalar
+from preprocess.base import REQUEST_OPTION_INPUTS, EnginePreprocessor
 from preprocess.chat import CHAT_OPTION_KEYS, parse_chat_options, parse_messages, render_chat
 from preprocess.images import ImageLimits, decode_images
-from preprocess.sampling import VLLM_DEFAULT_MAX_TOKENS, validate_sampling
+from preprocess.sampling import VLLM_DEFAULT_MAX_TOKENS
 
 
-class Preprocessor(Stage):
-    inputs = (
-        tensors.TEXT_INPUT,
-        tensors.MESSAGES,
-        tensors.IMAGE,
-        tensors.CHAT_OPTIONS,
-        tensors.STREAM,
-        tensors.SAMPLING_PARAMETERS,
-        tensors.EXCLUDE_INPUT_IN_OUTPUT,
-        *tensors.RETURN_FLAGS,
-    )
-    outputs = (tensors.ENGINE_REQUEST,)
+class Preprocessor(EnginePreprocessor):
+    inputs = (tensors.TEXT_INPUT, tensors.MESSAGES, tensors.IMAGE, tensors.CHAT_OPTIONS, *REQUEST_OPTION_INPUTS)
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
@@ -45,9 +36,6 @@ class Preprocessor(Stage):
 
         self.tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
         self.max_model_len: int | None = settings.get("max_model_len")
-        self.max_logprobs: int | None = settings.get("max_logprobs")
-        loras = settings.get("lora_names")
-        self.known_loras = frozenset(loras) if loras is not None else None
         self.chat_template = self._deployment_template(settings)
         self.allow_request_template = parse_bool(
             settings.get("allow_request_chat_template", False), "allow_request_chat_template"
@@ -65,10 +53,6 @@ class Preprocessor(Stage):
 
             return Path(path).read_text(encoding="utf-8")
         return inline or None
-
-    def process(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        request = self.build_request(inputs, parameters)
-        return {tensors.ENGINE_REQUEST.name: np.array([request.to_json().encode("utf-8")], dtype=np.object_)}
 
     def _prompt(
         self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
@@ -101,31 +85,19 @@ class Preprocessor(Stage):
         return rendered.prompt, rendered.token_ids, rendered.image_sources
 
     def build_request(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> EngineRequest:
-        stream = bool_scalar(inputs, tensors.STREAM.name, False)
-        # The vLLM backend's rule: the prompt is echoed unless excluded, and by default not when streaming.
-        exclude_input = bool_scalar(inputs, tensors.EXCLUDE_INPUT_IN_OUTPUT.name, stream)
-        if stream and not exclude_input:
-            raise tensors.stream_echo_error()
+        stream, exclude_input = self.stream_and_exclude_input(inputs)
         prompt, token_ids, image_sources = self._prompt(inputs, parameters)
-        sampling = validate_sampling(
-            string_scalar(inputs, tensors.SAMPLING_PARAMETERS.name),
-            {k: v for k, v in parameters.items() if k not in CHAT_OPTION_KEYS},
-            max_logprobs=self.max_logprobs,
-            known_loras=self.known_loras,
-        )
+        sampling = self.sampling(inputs, {k: v for k, v in parameters.items() if k not in CHAT_OPTION_KEYS})
         self.fit_to_context(len(token_ids), sampling)
         # Last: decoding is the expensive step, so a request that fails a cheap check never pays for it.
         images = decode_images(image_sources, self.image_limits, "image") if image_sources else []
-        return EngineRequest(
-            sampling=sampling,
-            prompt_token_ids=token_ids,
+        return self.engine_request(
+            inputs,
+            sampling,
             stream=stream,
-            lora_name=sampling.get("lora_name"),
+            echo="" if exclude_input else prompt,
+            prompt_token_ids=token_ids,
             images=[image.to_wire() for image in images] or None,
-            postprocess_options={
-                "prompt_prefix": "" if exclude_input else prompt,
-                "return": [flag.name for flag in tensors.RETURN_FLAGS if bool_scalar(inputs, flag.name, False)],
-            },
         )
 
     def fit_to_context(self, prompt_tokens: int, sampling: dict[str, Any]) -> None:

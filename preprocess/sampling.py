@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.interface import InvalidInput, lora_error
-from core.stage import parse_bool
+from core.interface import InvalidInput, check_lora
+from core.stage import parse_bool, parse_json_container, parse_json_object
 
 VLLM_DEFAULT_MAX_TOKENS = 16  # SamplingParams.max_tokens when the request does not set it
 
@@ -64,46 +64,36 @@ def _to_str(value: Any, field: str) -> str:
     return value
 
 
-def _maybe_json(value: Any) -> Any:
-    """Lists and objects may arrive JSON-encoded in a string (request parameters cannot carry them)."""
-    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
 def _str_list(value: Any, field: str) -> list[str]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, list):
         raise InvalidInput(f"{field}: expected a list of strings, got {value!r}")
     return [_to_str(v, f"{field}[{i}]") for i, v in enumerate(value)]
 
 
 def _int_list(value: Any, field: str) -> list[int]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, list):
         raise InvalidInput(f"{field}: expected a list of integers, got {value!r}")
     return [_to_int(v, f"{field}[{i}]") for i, v in enumerate(value)]
 
 
 def _stop(value: Any, field: str) -> str | list[str]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field, keep_invalid=True)  # "[INST" is a stop string
     if isinstance(value, str):
         return value
     return _str_list(value, field)
 
 
 def _logit_bias(value: Any, field: str) -> dict[int, float]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, dict):
         raise InvalidInput(f"{field}: expected an object of token id -> bias, got {value!r}")
     return {_to_int(k, f"{field} key"): _to_float(v, f"{field}[{k}]") for k, v in value.items()}
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
-    value = _maybe_json(value)
+    value = parse_json_container(value, field)
     if not isinstance(value, dict):
         raise InvalidInput(f"{field}: expected a JSON object, got {value!r}")
     return value
@@ -197,11 +187,7 @@ class Rule:
     rule: str = ""
 
 
-def _rule(parse: Callable[[Any, str], Any], check: Callable[[Any], bool] | None = None, rule: str = "") -> Rule:
-    return Rule(parse, check, rule)
-
-
-_BOOL = _rule(parse_bool)
+_BOOL = Rule(parse_bool)
 
 # Keys are vLLM 0.32 SamplingParams fields (a test checks that every client-settable field is here or in
 # NOT_SETTABLE), plus `lora_name` and the legacy `guided_decoding`. Ranges are vLLM's own (SamplingParams.
@@ -209,42 +195,42 @@ _BOOL = _rule(parse_bool)
 # builds SamplingParams, whose validation (and the engine's model-dependent checks: vocabulary ranges,
 # max_logprobs, structured-output compilation) also ends as INVALID_ARG.
 SAMPLING_RULES: dict[str, Rule] = {
-    "n": _rule(_to_int, lambda v: v >= 1, "must be >= 1"),
-    "presence_penalty": _rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
-    "frequency_penalty": _rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
-    "repetition_penalty": _rule(_to_float, lambda v: v > 0.0, "must be > 0"),
-    "temperature": _rule(_to_float, lambda v: 0.0 <= v <= 2.0, "must be in [0, 2]"),
-    "top_p": _rule(_to_float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
-    "top_k": _rule(_to_int, lambda v: v >= -1, "must be -1 or 0 (disabled) or a positive integer"),
-    "min_p": _rule(_to_float, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
+    "n": Rule(_to_int, lambda v: v >= 1, "must be >= 1"),
+    "presence_penalty": Rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
+    "frequency_penalty": Rule(_to_float, lambda v: -2.0 <= v <= 2.0, "must be in [-2, 2]"),
+    "repetition_penalty": Rule(_to_float, lambda v: v > 0.0, "must be > 0"),
+    "temperature": Rule(_to_float, lambda v: 0.0 <= v <= 2.0, "must be in [0, 2]"),
+    "top_p": Rule(_to_float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+    "top_k": Rule(_to_int, lambda v: v >= -1, "must be -1 or 0 (disabled) or a positive integer"),
+    "min_p": Rule(_to_float, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
     # The engine's MessagePack transport and torch generators take 64-bit seeds only.
-    "seed": _rule(_to_int, lambda v: -(2**63) <= v < 2**64, "must fit in 64 bits"),
-    "stop": _rule(_stop, _non_empty_strings, "stop strings must not be empty"),
-    "stop_token_ids": _rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
-    "bad_words": _rule(_str_list, _non_empty_strings, "bad words must not be empty"),
+    "seed": Rule(_to_int, lambda v: -(2**63) <= v < 2**64, "must fit in 64 bits"),
+    "stop": Rule(_stop, _non_empty_strings, "stop strings must not be empty"),
+    "stop_token_ids": Rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
+    "bad_words": Rule(_str_list, _non_empty_strings, "bad words must not be empty"),
     "ignore_eos": _BOOL,
     # Beyond the context is accepted (generation stops there, finish reason "length"); the bound keeps
     # absurd values out of the engine's 64-bit fields.
-    "max_tokens": _rule(_to_int, lambda v: 1 <= v < 2**63, "must be >= 1 (and below 2**63)"),
-    "min_tokens": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
-    "logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
-    "prompt_logprobs": _rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
-    "prompt_logprob_start": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
-    "logprob_token_ids": _rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
+    "max_tokens": Rule(_to_int, lambda v: 1 <= v < 2**63, "must be >= 1 (and below 2**63)"),
+    "min_tokens": Rule(_to_int, lambda v: v >= 0, "must be >= 0"),
+    "logprobs": Rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
+    "prompt_logprobs": Rule(_to_int, lambda v: v >= -1, "must be >= 0, or -1 for the whole vocabulary"),
+    "prompt_logprob_start": Rule(_to_int, lambda v: v >= 0, "must be >= 0"),
+    "logprob_token_ids": Rule(_int_list, lambda v: all(t >= 0 for t in v), "token ids must be >= 0"),
     "skip_special_tokens": _BOOL,
     "spaces_between_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL,
-    "logit_bias": _rule(_logit_bias),
-    "allowed_token_ids": _rule(_int_list, lambda v: len(v) > 0, "must not be empty"),
-    "structured_outputs": _rule(_structured),
-    "guided_decoding": _rule(_legacy_structured),
-    "stream_interval": _rule(_to_int, lambda v: v >= 1, "must be >= 1"),
+    "logit_bias": Rule(_logit_bias),
+    "allowed_token_ids": Rule(_int_list, lambda v: len(v) > 0, "must not be empty"),
+    "structured_outputs": Rule(_structured),
+    "guided_decoding": Rule(_legacy_structured),
+    "stream_interval": Rule(_to_int, lambda v: v >= 1, "must be >= 1"),
     "skip_reading_prefix_cache": _BOOL,
-    "thinking_token_budget": _rule(_to_int, lambda v: v >= 0, "must be >= 0"),
+    "thinking_token_budget": Rule(_to_int, lambda v: v >= 0, "must be >= 0"),
     "watermarking": _BOOL,
-    "repetition_detection": _rule(_repetition_detection),
-    "extra_args": _rule(_object),
-    "lora_name": _rule(_to_str),
+    "repetition_detection": Rule(_repetition_detection),
+    "extra_args": Rule(_object),
+    "lora_name": Rule(_to_str),
 }
 
 # Fields of vLLM 0.32's SamplingParams that vLLM 0.26 (the oldest supported) lacks. Checked here like the others;
@@ -266,16 +252,6 @@ NOT_SETTABLE: dict[str, str] = {
 }
 
 
-def _parse_tensor_json(text: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"sampling_parameters: invalid JSON ({exc.msg} at position {exc.pos})") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput(f"sampling_parameters: expected a JSON object, got {type(doc).__name__}")
-    return doc
-
-
 def validate_sampling(
     tensor_json: str | None,
     request_parameters: Mapping[str, Any],
@@ -290,7 +266,7 @@ def validate_sampling(
         if k not in TRITON_REQUEST_PARAMETERS and not k.startswith("triton_")
     }
     if tensor_json is not None:
-        merged.update(_parse_tensor_json(tensor_json))
+        merged.update(parse_json_object(tensor_json, "sampling_parameters"))
 
     checked: dict[str, Any] = {}
     for key, raw in merged.items():
@@ -323,7 +299,5 @@ def validate_sampling(
                 raise InvalidInput(f"{key}=-1: the whole vocabulary needs the engine's max_logprobs=-1")
             if value > max_logprobs:
                 raise InvalidInput(f"{key}={value}: must be <= {max_logprobs} (the engine's max_logprobs)")
-    lora = checked.get("lora_name")
-    if lora is not None and known_loras is not None and lora not in known_loras:
-        raise lora_error(lora, sorted(known_loras))
+    check_lora(checked.get("lora_name"), known_loras)
     return checked

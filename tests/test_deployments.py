@@ -22,6 +22,8 @@ EXAMPLES = ROOT / "deployments" / "examples"
 PROMPT = "The quick brown fox"
 GREEDY = {"temperature": 0, "max_tokens": 16}
 
+pytestmark = pytest.mark.server  # every test here asks the module's own tritonserver
+
 CUSTOM_DEPLOYMENT = """
 model: {model}
 engine_args: {{enforce_eager: true, max_model_len: 512, kv_cache_memory_bytes: 268435456, gpu_memory_utilization: 0.05,

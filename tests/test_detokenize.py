@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.interface import ENGINE_RESPONSE
 from core.protocol import EngineResponse, SequenceDelta, merge_responses
+from core.token_sync import REPLACEMENT, sync_token_ids
 from core.token_windows import TokenWindows
-from postprocess.detokenize import REPLACEMENT, Detokenizer, detokenize, sync_token_ids
+from postprocess.detokenize import Detokenizer, NoDetokenizer, detokenize
+from postprocess.vllm_backend import VllmBackendPostprocessor
 from tools.build_sentencepiece_tokenizer import build as build_sentencepiece
 
 # Text with multi-byte characters (2-, 3- and 4-byte UTF-8), some outside the tokenizers' vocabularies.
@@ -215,3 +219,18 @@ def test_unsupported_decoders_keep_vllms_detokenizer():
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.decoder = decoders.WordPiece()
     assert sync_token_ids(PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")) is None
+
+
+def test_a_stage_without_a_tokenizer_passes_decoded_text_and_refuses_ids_to_decode():
+    """Its detokenizer is the null object: text the engine decoded goes through, ids to decode are an error."""
+    stage = VllmBackendPostprocessor({})
+    assert isinstance(stage.detokenizer, NoDetokenizer)
+
+    def run(response: EngineResponse) -> dict[str, np.ndarray]:
+        return stage.process({ENGINE_RESPONSE.name: np.array([response.to_json().encode()], dtype=np.object_)}, {})
+
+    decoded = EngineResponse([SequenceDelta(0, "hello", [5, 6], "stop")], 3, True, {})
+    assert run(decoded)["text_output"].tolist() == [b"hello"]
+    ids_only = EngineResponse([SequenceDelta(0, "", [5, 6], "stop", context_ids=[1])], 3, True, {}, decode={})
+    with pytest.raises(RuntimeError, match="no 'tokenizer' setting"):
+        run(ids_only)

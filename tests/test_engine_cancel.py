@@ -16,6 +16,8 @@ from tests.conftest import REPOSITORY
 
 LONG = {"temperature": 0, "max_tokens": 480, "ignore_eos": True}
 
+pytestmark = pytest.mark.server  # a real vLLM engine, in this process
+
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):

@@ -134,6 +134,7 @@ def own_code_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("model", ["own_model", "own_bls"])
 def test_own_stage_from_a_folder_outside_the_project_answers(own_code_server, model: str):
     import tritonclient.grpc as grpcclient
@@ -149,6 +150,7 @@ def test_own_stage_from_a_folder_outside_the_project_answers(own_code_server, mo
     assert text[len("[own] ") :] == text[len("[own] ") :].upper()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("model", ["own_model_stream", "own_bls_stream"])
 def test_own_stage_shapes_every_streamed_delta(own_code_server, model: str):
     events = sse_events(own_code_server.http_url, {"text_input": PROMPT, "parameters": GREEDY}, model=model)

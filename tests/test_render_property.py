@@ -150,6 +150,7 @@ def _diverse(configs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
     return (picked + [c for c in configs if c not in picked])[:count]
 
 
+@pytest.mark.server
 @pytest.mark.timeout(1800)
 def test_sampled_configs_load_in_tritonserver_and_answer(tmp_path_factory: pytest.TempPathFactory):
     drawn: list[dict[str, Any]] = []

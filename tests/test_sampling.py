@@ -85,7 +85,15 @@ def test_triton_frontend_parameters_are_not_sampling_parameters():
 
 def test_lists_may_arrive_json_encoded_in_request_parameters():
     assert validate_sampling(None, {"stop": '["a", "b"]'}) == {"stop": ["a", "b"]}
-    assert validate_sampling(None, {"stop": "[not json"}) == {"stop": "[not json"}
+    assert validate_sampling(None, {"stop": "[not json"}) == {"stop": "[not json"}  # a stop string may start so
+
+
+def test_a_list_or_object_parameter_that_is_not_json_says_so():
+    """The same reader as the chat options' (core.stage.parse_json_container): the field and JSON's complaint."""
+    with pytest.raises(InvalidInput, match=r"^stop_token_ids: invalid JSON \(Expecting value at position 4\)$"):
+        validate_sampling(None, {"stop_token_ids": "[1, "})
+    with pytest.raises(InvalidInput, match=r"^logit_bias: invalid JSON"):
+        validate_sampling(None, {"logit_bias": "{5: 1}"})
 
 
 def test_null_keeps_the_default():
@@ -143,6 +151,18 @@ def test_lora_errors_start_with_the_vllm_backends_texts():
     assert str(disabled.value).startswith("LoRA feature is not enabled. lora_name='x'")
     # A stage that was given no list of adapters leaves the check to the core
     assert validate_sampling('{"lora_name": "x"}', {})["lora_name"] == "x"
+
+
+def test_the_core_refuses_an_unserved_adapter_with_the_same_texts_as_preprocess():
+    """One rule (core.interface.check_lora) on both sides: a deployment's own preprocess may not check."""
+    from core.engine import Engine
+
+    for served in ({"b": "/b", "a": "/a"}, {}):
+        with pytest.raises(InvalidInput) as preprocess:
+            validate_sampling('{"lora_name": "x"}', {}, known_loras=frozenset(served))
+        with pytest.raises(InvalidInput) as core:
+            Engine({}, lora_adapters=served, offload_detokenization=False)._lora_request("x")
+        assert str(core.value) == str(preprocess.value)
 
 
 json_values = st.recursive(

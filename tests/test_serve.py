@@ -135,6 +135,7 @@ def moved_openai_repository(tiny_model: Path, tmp_path_factory: pytest.TempPathF
     return workdir / "moved"
 
 
+@pytest.mark.server  # tools/serve.py starts tritonserver in its own process: the guard cannot see it
 def test_serve_asks_the_repositorys_own_model_and_logs_each_run_apart(
     moved_openai_repository: Path, tiny_model: Path, tmp_path: Path
 ):
@@ -157,6 +158,7 @@ def test_serve_asks_the_repositorys_own_model_and_logs_each_run_apart(
     assert code == 0
 
 
+@pytest.mark.server
 def test_serve_names_the_model_that_failed_to_load_and_its_error_without_retrying(tiny_model: Path, tmp_path: Path):
     config = own_deployment(tmp_path, tiny_model, stage="Broken")  # raises in __init__, when the stub loads it
     assert main([str(config), "--out", str(tmp_path / "repo")]) == 0

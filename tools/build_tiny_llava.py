@@ -70,7 +70,6 @@ def build(out: Path, force: bool = False) -> Path:
     from safetensors.torch import load_file, save_file
     from transformers import (
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -82,20 +81,7 @@ def build(out: Path, force: bool = False) -> Path:
     tokenizer.chat_template = CHAT_TEMPLATE
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
 
-    text_config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.convert_tokens_to_ids(build_tiny_model.BOS),
-        eos_token_id=tokenizer.convert_tokens_to_ids(build_tiny_model.EOS),
-        pad_token_id=tokenizer.convert_tokens_to_ids(build_tiny_model.PAD),
-    )
+    text_config = build_tiny_model.llama_config(tokenizer)
     vision_config = CLIPVisionConfig(
         image_size=IMAGE_SIZE,
         patch_size=PATCH_SIZE,

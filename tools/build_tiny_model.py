@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -77,11 +78,11 @@ def build_tokenizer(out: Path):
     return fast
 
 
-def build_model(out: Path, tokenizer) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(tokenizer, **extra: Any) -> Any:
+    """The tiny Llama shape over `tokenizer` (also the language model of tools/build_tiny_llava.py)."""
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=256,
@@ -94,8 +95,15 @@ def build_model(out: Path, tokenizer) -> None:
         bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
         eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
-        torch_dtype="float32",
+        **extra,
     )
+
+
+def build_model(out: Path, tokenizer) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(tokenizer, torch_dtype="float32")
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
     with torch.no_grad():

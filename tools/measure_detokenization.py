@@ -88,8 +88,8 @@ def micro(tokenizer_path: str, repeat: int = 20) -> None:
     from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
 
     from core.protocol import EngineResponse, SequenceDelta
+    from core.token_sync import sync_token_ids
     from core.token_windows import TokenWindows
-    from postprocess.detokenize import sync_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     output = tokenizer.encode("Grüße aus München, 你好世界! The quick brown fox jumps. " * 40)[:512]
