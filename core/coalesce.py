@@ -33,7 +33,8 @@ def coalesce(items: list[Outgoing]) -> list[Outgoing]:
     """Merge each sender's consecutive data responses, keeping each sender's order (and their first-seen order).
 
     An error is never merged: the data before it goes first, then the error (always final). The FINAL flag stays
-    on the response that carries the request's last data, so the last data travels with FINAL (DESIGN.md rule 8).
+    on the response that carries the request's last data, so the last data travels with FINAL
+    (docs/platform-notes.md T8).
     """
     runs: dict[int, list[Outgoing]] = {}
     for item in items:

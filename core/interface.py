@@ -125,6 +125,6 @@ VLLM_BACKEND_OUTPUTS = (TEXT_OUTPUT, FINISH_REASON, CUMULATIVE_LOGPROB, LOGPROBS
 
 # Internal tensors between the stages. Both are one JSON document (see core/protocol.py): a request or a
 # response carries few, heterogeneous fields, and postprocess must get its per-request options through the core
-# (a step after a decoupled step may only consume that step's outputs, DESIGN.md rule 2.2).
+# (a step after a decoupled step may only consume that step's outputs, docs/platform-notes.md T2).
 ENGINE_REQUEST = TensorSpec("engine_request", "TYPE_STRING", (1,), doc="validated engine request (JSON)")
 ENGINE_RESPONSE = TensorSpec("engine_response", "TYPE_STRING", (1,), doc="one engine delta or final (JSON)")

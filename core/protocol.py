@@ -2,7 +2,7 @@
 (core -> postprocess, one per delta when streaming). Both are JSON in a one-element STRING tensor.
 
 `postprocess_options` is opaque to the core: it is copied into every response, because in the streaming
-ensemble the postprocess step may only consume tensors that come from the core (DESIGN.md rule 2.2).
+ensemble the postprocess step may only consume tensors that come from the core (docs/platform-notes.md T2).
 """
 
 from __future__ import annotations

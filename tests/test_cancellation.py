@@ -1,4 +1,4 @@
-"""A client's cancel stops generation in the engine (DESIGN.md rule 5), measured with vLLM's own gauges.
+"""A client's cancel stops generation in the engine (docs/platform-notes.md T5), measured with vLLM's own gauges.
 
 The server here renders the deployment with `entry: bls` (Python entry models instead of ensembles: on Triton
 2.51 a cancel never reaches a step inside an ensemble) and metrics enabled, so vLLM's running/waiting gauges

@@ -2,7 +2,7 @@
 
 Many random valid configs are rendered and each tree is checked the way Triton checks it at load time (every
 config.pbtxt parses as Triton's ModelConfig protobuf, every ensemble's wiring is complete, typed and obeys
-DESIGN.md rules 2.1-2.2); a few sampled configs are then loaded for real by one tritonserver, and each of
+docs/platform-notes.md T1-T2); a few sampled configs are then loaded for real by one tritonserver, and each of
 their public models answers a request.
 """
 
@@ -112,7 +112,8 @@ def check_tree_as_triton_would(files: dict[str, str]) -> None:
                 assert tensor in tensors, f"{name}: {tensor} is consumed before it is produced"
                 assert tensors[tensor] == (inputs[key].data_type, list(inputs[key].dims)), f"{name}: {key} type"
             sources = {origin[t] for t in step.input_map.values()}
-            assert len(sources) == 1, f"{name}: {step.model_name} mixes tensors of {sources} (DESIGN.md rule 2.2)"
+            rule = "docs/platform-notes.md T2"
+            assert len(sources) == 1, f"{name}: {step.model_name} mixes tensors of {sources} ({rule})"
             source = model.name if model.model_transaction_policy.decoupled else sources.pop()
             outputs = {t.name: t for t in model.output}
             for key, tensor in step.output_map.items():
@@ -201,5 +202,6 @@ def test_the_tree_check_fails_on_wiring_triton_refuses(tmp_path: Path, monkeypat
     stream_config.ensemble_scheduling.step[2].input_map["stream"] = "stream"
     files["vllm_model_stream/config.pbtxt"] = text_format.MessageToString(stream_config)
     files.pop("vllm_model/config.pbtxt")  # the plain ensemble (no decoupled step) is not the point here
-    with pytest.raises(AssertionError, match=r"vllm_model_stream: postprocess mixes tensors .* \(DESIGN.md rule 2.2\)"):
+    mixed = r"vllm_model_stream: postprocess mixes tensors .* \(docs/platform-notes.md T2\)"
+    with pytest.raises(AssertionError, match=mixed):
         check_tree_as_triton_would(files)

@@ -4,7 +4,7 @@ Nothing is downloaded. The tokenizer is the default tiny model's (tools/build_ti
 project's corpus) plus an `<image>` token; the weights come from a fixed seed, so every build writes the same
 bytes. A stamp file makes a second run return at once.
 
-Two facts of this environment shape the build (ENVIRONMENT.md):
+Two facts of this environment shape the build (measured here):
   * transformers 5 saves the CLIP tower's weights as `vision_tower.embeddings...`, while vLLM 0.32's LLaVA
     loader wants `vision_tower.vision_model.embeddings...` (it refuses the other: "no module or parameter named
     'vision_tower.embeddings'"). The checkpoint is rewritten in vLLM's layout, which transformers 5 also loads:
