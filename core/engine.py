@@ -60,7 +60,7 @@ class RestartPolicy:
 
 
 def prepare_process_environment() -> None:
-    """Settings vLLM needs inside a Triton Python-backend stub (measured, see ENVIRONMENT.md)."""
+    """Settings vLLM needs inside a Triton Python-backend stub (measured: docs/platform-notes.md E2, E5)."""
     # The stub's embedded Python runs with LC_CTYPE=C, and torch reads its .jinja files as ASCII then.
     with contextlib.suppress(locale.Error):
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
@@ -152,6 +152,17 @@ def _rgb_image(doc: dict[str, Any]) -> Any:
 
 
 @functools.cache
+def client_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions vLLM raises for a request the client must fix. vLLM 0.26's VLLMValidationError is a
+    ValueError; from 0.32 it is a VLLMClientError, which is not."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (TypeError, ValueError)
+    return (TypeError, ValueError, VLLMClientError)
+
+
+@functools.cache
 def sampling_param_fields() -> frozenset[str]:
     """The installed vLLM's SamplingParams fields (a msgspec Struct)."""
     import msgspec
@@ -190,7 +201,7 @@ def sampling_params(request: EngineRequest, offload_detokenization: bool) -> Any
         params["detokenize"] = False  # postprocess decodes (see __init__)
     try:
         return SamplingParams(**params, output_kind=kind)
-    except (TypeError, ValueError) as exc:
+    except client_errors() as exc:
         raise InvalidInput(f"sampling_parameters: {exc}") from exc
 
 
@@ -379,7 +390,7 @@ class Engine:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout=30)
-        # Drop the engine before the interpreter goes, or AsyncLLM.__del__ logs a TypeError (ENVIRONMENT.md).
+        # Drop the engine before the interpreter goes, or AsyncLLM.__del__ logs a TypeError (docs/platform-notes.md E4).
         self._llm = None
         gc.collect()
 
@@ -516,7 +527,7 @@ class Engine:
                 emit(None, Unavailable("the request was aborted by the engine"), True)
         except InvalidInput as exc:
             emit(None, exc, True)
-        except ValueError as exc:  # vLLM's own input validation (prompt too long, bad token ids, ...)
+        except client_errors() as exc:  # vLLM's own input validation (prompt too long, bad token ids, ...)
             emit(None, InvalidInput(str(exc)), True)
         except asyncio.CancelledError:
             emit(None, Unavailable("the request was cancelled"), True)

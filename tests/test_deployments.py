@@ -129,3 +129,13 @@ def test_lora_name_on_a_deployment_without_adapters_is_the_vllm_backends_error(e
     reply = http_generate(examples_server.http_url, payload, model="chat_model")
     assert reply.status_code == 400
     assert reply.json()["error"].startswith("in ensemble 'chat_model', LoRA feature is not enabled. lora_name=")
+
+
+def test_a_prompt_over_the_context_through_the_raw_preprocess_is_vllms_invalid_arg(examples_server):
+    """The raw preprocess has no tokenizer: vLLM's own input check refuses the prompt, and the core answers it as
+    the client's error (vLLM 0.32's VLLMValidationError is not a ValueError), not as an engine failure."""
+    reply = http_generate(
+        examples_server.http_url, {"text_input": "fox " * 2000, "parameters": GREEDY}, model="custom_model"
+    )
+    assert reply.status_code == 400, reply.text
+    assert "engine failed" not in reply.text and "512" in reply.text

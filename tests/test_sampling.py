@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from core.interface import InvalidInput
@@ -178,6 +178,7 @@ keys = st.sampled_from(sorted(SAMPLING_RULES)) | st.text(max_size=12)
     st.dictionaries(keys, json_values, max_size=5),
     st.dictionaries(keys, st.booleans() | st.integers() | st.text(max_size=6), max_size=3),
 )
+@example(doc={"n": 16385}, parameters={})  # found by hypothesis: over vLLM's VLLM_MAX_N_SEQUENCES
 def test_any_json_is_accepted_typed_or_rejected_with_a_message(doc, parameters):
     try:
         got = validate_sampling(json.dumps(doc), parameters)
@@ -197,13 +198,19 @@ def test_any_json_is_accepted_typed_or_rejected_with_a_message(doc, parameters):
 def _vllm_accepts(checked: dict) -> None:
     """What preprocess accepts, vLLM's SamplingParams accepts too, built exactly as the core builds it (only
     model-dependent checks, such as vocabulary ranges or max_logprobs, are left to the engine)."""
+    import vllm.envs
+
     from core.engine import sampling_param_fields, sampling_params
     from core.protocol import EngineRequest
 
     request = EngineRequest.from_json(EngineRequest(sampling=checked).to_json())  # as it travels
     newer = set(checked) - {"lora_name"} - sampling_param_fields()
     for offload in (False, True):
-        if newer:  # a field of a newer vLLM than the installed one: refused by name
+        if checked.get("n", 1) > vllm.envs.VLLM_MAX_N_SEQUENCES:
+            # The engine process's own limit (an engine_env setting): the core refuses it, naming the variable.
+            with pytest.raises(InvalidInput, match="VLLM_MAX_N_SEQUENCES"):
+                sampling_params(request, offload_detokenization=offload)
+        elif newer:  # a field of a newer vLLM than the installed one: refused by name
             assert newer <= NEWER_VLLM_ONLY, newer
             with pytest.raises(InvalidInput, match="is not supported by the installed vLLM"):
                 sampling_params(request, offload_detokenization=offload)
