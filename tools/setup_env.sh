@@ -20,6 +20,11 @@ pip() {
   "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2>&1 | { grep -v "is ignored: it is neither a file" || true; }
 }
 pip install -U "pip>=24" wheel
+echo "setup_env: pip may print 'ERROR: pip's dependency resolver does not currently take into account ...' below." \
+  "Expected: this set-up deliberately installs numpy 1.26 (the Triton 2.51 stub corrupts tensors with numpy 2;" \
+  "opencv asks for numpy>=2), removes the CUDA-only torchvision/torchaudio/torchcodec/triton next to CPU torch," \
+  "and installs nvidia-pytriton without its Python API's dependencies (only its server binaries are used)." \
+  "The last step checks that the installed vLLM is supported."
 
 # The tested pairs (core/vllm_version.py holds the supported range, checked when the engine starts):
 #   GPU: vllm 0.26.0 with the torch it was built for, 2.11.0 (CUDA); a plain "pip install vllm" would take
