@@ -31,7 +31,7 @@ def test_rendering_is_deterministic(tmp_path: Path):
     assert main([str(DEFAULT_CONFIG), "--out", str(second)]) == 0
     read = lambda root: {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}  # noqa: E731
     assert read(first) == read(second)
-    assert len(read(first)) == 15
+    assert len(read(first)) == 17
 
 
 def test_check_reports_drift(tmp_path: Path):
@@ -248,15 +248,14 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     assert settings["chat_template_file"] == str(tmp_path / "templates" / "chat.jinja")  # outside a project
     assert settings["allow_request_chat_template"] is True
     assert (settings["max_image_bytes"], settings["max_image_pixels"], settings["max_images"]) == (1000, 4096, 2)
-    core = files["vllm_core/config.pbtxt"]
-    assert 'key: "metrics_enabled"\n  value {\n    string_value: "false"' in core
+    core = json.loads(files["vllm_core/1/settings.json"])
+    assert core["metrics"] is False
     # health left out: restart on, 3 restarts, 1 s backoff
-    for key, value in (("restart_engine", "true"), ("max_engine_restarts", "3"), ("restart_backoff_seconds", "1.0")):
-        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in core
+    assert core["health"] == {"restart_engine": True, "max_restarts": 3, "restart_backoff_seconds": 1.0}
     health = "model: ./m\nhealth: {restart_engine: false, max_restarts: 5, restart_backoff_seconds: 2}\n"
-    core = render(load_deployment(_config(tmp_path, health)), tmp_path / "h")["vllm_core/config.pbtxt"]
-    for key, value in (("restart_engine", "false"), ("max_engine_restarts", "5"), ("restart_backoff_seconds", "2.0")):
-        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in core
+    core = json.loads(render(load_deployment(_config(tmp_path, health)), tmp_path / "h")["vllm_core/1/settings.json"])
+    assert core["health"] == {"restart_engine": False, "max_restarts": 5, "restart_backoff_seconds": 2.0}
+    assert "parameters" not in files["vllm_core/config.pbtxt"]  # settings.json is the one place
     inline = render(load_deployment(_config(tmp_path, "model: ./m\nchat_template: {inline: 'T'}\n")), tmp_path / "r")
     settings = json.loads(inline["preprocess/1/stage.json"])["settings"]
     assert (settings["chat_template"], settings["allow_request_chat_template"]) == ("T", False)

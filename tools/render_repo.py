@@ -35,6 +35,15 @@ import yaml  # noqa: E402
 
 from core import interface as tensors  # noqa: E402
 from core.interface import NUMPY_DTYPES, TensorSpec  # noqa: E402
+from core.settings import (  # noqa: E402
+    SETTINGS_FILE,
+    CoreSettings,
+    EntrySettings,
+    GenerateSettings,
+    HealthSettings,
+    SenderSettings,
+    Settings,
+)
 from core.stage import load_stage_class  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "deployments" / "default.yaml"
@@ -773,19 +782,10 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         1,  # one engine; it spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend
         "KIND_MODEL",
         decoupled=True,
-        parameters={  # read by the core's adapter
-            "metrics_enabled": "true" if deployment.metrics else "false",
-            "engine_env": json.dumps(deployment.engine_env, sort_keys=True, separators=(",", ":")),
-            "stream_interval_ms": str(deployment.stream_interval_ms),
-            "restart_engine": "true" if deployment.health.restart_engine else "false",
-            "max_engine_restarts": str(deployment.health.max_restarts),
-            "restart_backoff_seconds": str(float(deployment.health.restart_backoff_seconds)),
-            "sender_threads": str(deployment.core.sender_threads),
-            "switch_interval_ms": str(float(deployment.core.switch_interval_ms)),
-        },
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
     files[f"{names.core}/1/model.json"] = _json(engine_args)
+    files[f"{names.core}/1/{SETTINGS_FILE}"] = _settings(core_settings(deployment))
     if lora_paths:
         files[f"{names.core}/1/multi_lora.json"] = _json(lora_paths)
 
@@ -794,8 +794,9 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         *core_io,
         deployment.generate.instances,
         "KIND_CPU",
-        parameters={"core_model": names.core, "max_in_flight": str(deployment.generate.max_in_flight)},
     )
+    generate = GenerateSettings(core_model=names.core, max_in_flight=deployment.generate.max_in_flight)
+    files[f"{names.generate}/1/{SETTINGS_FILE}"] = _settings(generate)
     files[f"{names.generate}/1/model.py"] = _model_py("GenerateModel", "generate (BLS over the core, one response)")
 
     if deployment.entry == "bls":
@@ -812,12 +813,8 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
                 deployment.generate.instances,
                 "KIND_CPU",
                 decoupled=stream,
-                parameters={
-                    "core_model": names.core,
-                    "max_in_flight": str(deployment.generate.max_in_flight),
-                    "stream": "true" if stream else "false",
-                },
             )
+            files[f"{entry}/1/{SETTINGS_FILE}"] = _settings(EntrySettings(**dict(generate), stream=stream))
             files[f"{entry}/1/model.py"] = _model_py("EntryModel", "a public entry (stages in-process, core by BLS)")
             files[f"{entry}/1/stages.json"] = _json(stages)
         return dict(sorted(files.items()))
@@ -834,6 +831,21 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         files[f"{ensemble}/config.pbtxt"] = _ensemble(ensemble, pre_cls.inputs, post_cls.outputs, steps)
         files[f"{ensemble}/1/.keep"] = ""  # Triton needs a version folder, also for an ensemble
     return dict(sorted(files.items()))
+
+
+def core_settings(deployment: Deployment) -> CoreSettings:
+    """What the core's adapter reads (settings.json), from the deployment's keys of the same names."""
+    return CoreSettings(
+        metrics=deployment.metrics,
+        engine_env=deployment.engine_env,
+        stream_interval_ms=deployment.stream_interval_ms,
+        health=HealthSettings(**vars(deployment.health)),
+        core=SenderSettings(**vars(deployment.core)),
+    )
+
+
+def _settings(settings: Settings) -> str:
+    return _json(settings.model_dump(mode="json"))
 
 
 def _stage_spec(cls: str, settings: dict[str, Any], code_paths: list[str]) -> dict[str, Any]:
