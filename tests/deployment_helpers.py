@@ -7,7 +7,7 @@ import textwrap
 from dataclasses import fields, replace
 from pathlib import Path
 
-from tools.render_repo import Deployment, Names, render, write
+from repo_render import Deployment, Names, render, write
 from tools.triton_server import TritonServer, start_on_free_ports
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.render_repo import DEFAULT_CONFIG, ROOT, load_deployment, main, render
+from repo_render import DEFAULT_CONFIG, ROOT, load_deployment, main, render
 
 EXAMPLES = ROOT / "deployments" / "examples"
 ALL = sorted(p.name for p in EXAMPLES.glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""tools/render_repo.py: the checked-in repository is its rendering; configs are validated before writing."""
+"""repo_render: the checked-in repository is its rendering; configs are validated before writing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.render_repo import (
+from repo_render import (
     DEFAULT_CONFIG,
     DEFAULT_OUT,
     ConfigError,

@@ -13,7 +13,7 @@ import pytest
 
 from core.engine import Engine, RestartPolicy
 from core.settings import SETTINGS_FILE, CoreSettings, EntrySettings, GenerateSettings, HealthSettings, load_settings
-from tools.render_repo import DEFAULT_CONFIG, load_deployment, render, write
+from repo_render import DEFAULT_CONFIG, load_deployment, render, write
 
 
 def _config(tmp_path: Path, text: str) -> Path:
