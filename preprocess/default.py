@@ -4,7 +4,8 @@ output options.
 Accepts the Triton vLLM backend's inputs, so its clients work unchanged, and `messages` (OpenAI-style chat,
 rendered with the chat template as vLLM's `LLM.chat` does, see preprocess/chat.py).
 
-Settings (from the deployment config): `tokenizer`, `max_model_len`, `max_logprobs`, `lora_names`;
+Settings (from the deployment config): `tokenizer`, `max_model_len`, `max_logprobs`, `default_max_tokens`
+(vLLM's defaults, core/vllm_defaults.py), `lora_names`;
 `chat_template` (inline) or `chat_template_file` (path) to replace the tokenizer's template;
 `allow_request_chat_template` (default false); `image_placeholder` (default "<image>", the text vLLM puts in
 a string-content prompt per image); `max_image_bytes`, `max_image_pixels`, `max_images` (preprocess/images.py).
@@ -21,9 +22,10 @@ from core import interface as tensors
 from core.interface import InvalidInput
 from core.protocol import EngineRequest
 from core.stage import Stage, bool_scalar, parse_bool, string_scalar
+from core.vllm_defaults import FALLBACK_MAX_TOKENS
 from preprocess.chat import CHAT_OPTION_KEYS, parse_chat_options, parse_messages, render_chat
 from preprocess.images import ImageLimits, decode_images
-from preprocess.sampling import VLLM_DEFAULT_MAX_TOKENS, validate_sampling
+from preprocess.sampling import validate_sampling
 
 
 class Preprocessor(Stage):
@@ -46,6 +48,7 @@ class Preprocessor(Stage):
         self.tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
         self.max_model_len: int | None = settings.get("max_model_len")
         self.max_logprobs: int | None = settings.get("max_logprobs")
+        self.default_max_tokens: int = settings.get("default_max_tokens", FALLBACK_MAX_TOKENS)
         loras = settings.get("lora_names")
         self.known_loras = frozenset(loras) if loras is not None else None
         self.chat_template = self._deployment_template(settings)
@@ -112,6 +115,7 @@ class Preprocessor(Stage):
             {k: v for k, v in parameters.items() if k not in CHAT_OPTION_KEYS},
             max_logprobs=self.max_logprobs,
             known_loras=self.known_loras,
+            default_max_tokens=self.default_max_tokens,
         )
         self.fit_to_context(len(token_ids), sampling)
         # Last: decoding is the expensive step, so a request that fails a cheap check never pays for it.
@@ -145,7 +149,7 @@ class Preprocessor(Stage):
                 " and at least one must be left to generate"
             )
         room = self.max_model_len - prompt_tokens
-        if sampling.get("max_tokens", VLLM_DEFAULT_MAX_TOKENS) > room:
+        if sampling.get("max_tokens", self.default_max_tokens) > room:
             sampling["max_tokens"] = room
             if sampling.get("min_tokens", 0) > room:
                 sampling["min_tokens"] = room

@@ -16,6 +16,7 @@ from core import interface as tensors
 from core.interface import InvalidInput
 from core.protocol import EngineRequest
 from core.stage import Stage, bool_scalar, string_scalar
+from core.vllm_defaults import FALLBACK_MAX_TOKENS
 from preprocess.sampling import validate_sampling
 
 
@@ -32,6 +33,7 @@ class RawPreprocessor(Stage):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
         self.max_logprobs: int | None = settings.get("max_logprobs")
+        self.default_max_tokens: int = settings.get("default_max_tokens", FALLBACK_MAX_TOKENS)
         loras = settings.get("lora_names")
         self.known_loras = frozenset(loras) if loras is not None else None
 
@@ -49,6 +51,7 @@ class RawPreprocessor(Stage):
             parameters,
             max_logprobs=self.max_logprobs,
             known_loras=self.known_loras,
+            default_max_tokens=self.default_max_tokens,
         )
         request = EngineRequest(
             sampling=sampling,

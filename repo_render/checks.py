@@ -12,16 +12,7 @@ from typing import Any
 
 import yaml
 
-from repo_render.schema import (
-    BUILTIN_STAGES_PATHS,
-    ENTRY_KINDS,
-    ConfigError,
-    Deployment,
-    ImagesConfig,
-    Names,
-    _build,
-    _did_you_mean,
-)
+from repo_render.schema import BUILTIN_STAGES_PATHS, ConfigError, Deployment, did_you_mean, parse_deployment
 from repo_render.substitute import substitute
 
 
@@ -59,34 +50,14 @@ def _accepts(hint: Any, value: Any) -> bool | None:
 STAGE_ROLES = ("preprocess", "postprocess")
 
 
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-_INSTANCE_KEYS = ("preprocess", "postprocess", "generate")
-
-
 def check_deployment(deployment: Deployment) -> None:
-    """Rules that span keys, checked before anything is written."""
-    for key in _INSTANCE_KEYS:
-        if getattr(deployment, key).instances < 1:
-            raise ConfigError(f"{key}.instances: must be >= 1")
-    if deployment.generate.max_in_flight < 1:
-        raise ConfigError("generate.max_in_flight: must be >= 1")
-    for f in fields(Names):
-        name = getattr(deployment.names, f.name)
-        if not _MODEL_NAME.match(name):
-            raise ConfigError(
-                f"names.{f.name}: {name!r} is not a usable model name; use letters, digits, '_', '.', '-'"
-            )
-    if deployment.entry not in ENTRY_KINDS:
-        raise ConfigError(f"entry: must be one of {', '.join(ENTRY_KINDS)}, got {deployment.entry!r}")
-    names = [getattr(deployment.names, f.name) for f in fields(Names)]
+    """Rules that span keys or need the file system, checked before anything is written (each key's own type and
+    bounds are the schema's, repo_render/schema.py)."""
+    names = list(deployment.names.model_dump().values())
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"names: model names must differ, {duplicates} used twice; rename one of them")
     _check_engine_args(deployment)
-    if not 0 <= deployment.stream_interval_ms <= 1000:
-        raise ConfigError(f"stream_interval_ms: {deployment.stream_interval_ms} is outside 0..1000")
     for key in deployment.engine_env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"engine_env.{key}: not an environment variable name (letters, digits, _)")
@@ -101,14 +72,6 @@ def check_deployment(deployment: Deployment) -> None:
             raise ConfigError(
                 f"chat_template.file: no such file {template.file!r} (relative to the config file's folder)"
             )
-    if not 1 <= deployment.core.sender_threads <= 64:
-        raise ConfigError(f"core.sender_threads: {deployment.core.sender_threads} is outside 1..64")
-    if not 0 <= deployment.core.switch_interval_ms <= 100:
-        raise ConfigError(f"core.switch_interval_ms: {deployment.core.switch_interval_ms} is outside 0..100")
-    if deployment.health.max_restarts < 1:
-        raise ConfigError("health.max_restarts: must be >= 1 (to never restart, set health.restart_engine: false)")
-    if not 0 <= deployment.health.restart_backoff_seconds <= 3600:
-        raise ConfigError("health.restart_backoff_seconds: must be between 0 and 3600")
     for index, folder in enumerate(deployment.code_paths):
         if not (deployment.base_dir / folder).is_dir():
             raise ConfigError(
@@ -120,11 +83,6 @@ def check_deployment(deployment: Deployment) -> None:
             "code_paths: no stage uses a class of its own; set preprocess.class or postprocess.class to"
             " 'module:ClassName' from these folders, or remove code_paths"
         )
-    if deployment.images is not None:
-        for f in fields(ImagesConfig):
-            value = getattr(deployment.images, f.name)
-            if value is not None and value < 1:
-                raise ConfigError(f"images.{f.name}: must be >= 1 (or left out for the preprocess default)")
 
 
 def _check_engine_args(deployment: Deployment) -> None:
@@ -136,7 +94,7 @@ def _check_engine_args(deployment: Deployment) -> None:
         for key, value in args.items():
             if key not in known:
                 raise ConfigError(
-                    f"engine_args.{key}: not a vLLM AsyncEngineArgs field; {_did_you_mean(key, sorted(known))}"
+                    f"engine_args.{key}: not a vLLM AsyncEngineArgs field; {did_you_mean(key, sorted(known))}"
                 )
             if _accepts(known[key], value) is False:
                 expected = str(known[key]).replace("typing.", "").replace("<class '", "").replace("'>", "")
@@ -155,7 +113,7 @@ def load_deployment(path: Path, variables: dict[str, str] | None = None) -> Depl
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
     doc = substitute(doc, variables or {})
-    deployment = _build(Deployment, doc, "")
+    deployment = parse_deployment(doc)
     deployment.base_dir = path.resolve().parent
     check_deployment(deployment)
     return deployment

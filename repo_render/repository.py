@@ -8,15 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from core import interface as tensors
-from core.settings import (
-    SETTINGS_FILE,
-    CoreSettings,
-    EntrySettings,
-    GenerateSettings,
-    HealthSettings,
-    SenderSettings,
-    Settings,
-)
+from core import vllm_defaults
+from core.settings import SETTINGS_FILE, CoreSettings, EntrySettings, GenerateSettings, Settings
 from repo_render.pbtxt import HEADER, _ensemble, _python_model, _step
 from repo_render.schema import BUILTIN_STAGES, BUILTIN_STAGES_PATHS, ROOT, ConfigError, Deployment
 from repo_render.stages import check_wiring, code_dirs, load_stage, stage_path
@@ -91,7 +84,9 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     pre_settings = {
         "tokenizer": engine_args.get("tokenizer", model),
         "max_model_len": engine_args.get("max_model_len"),
-        "max_logprobs": engine_args.get("max_logprobs", 20),
+        # vLLM's own defaults, read from vLLM here so that the preprocess stub never imports it
+        "max_logprobs": engine_args.get("max_logprobs", vllm_defaults.max_logprobs()),
+        "default_max_tokens": vllm_defaults.max_tokens(),
         "lora_names": sorted(lora_paths),
         **_preprocess_options(deployment, out, relative_paths),
         **deployment.preprocess.settings,
@@ -191,14 +186,9 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
 
 
 def core_settings(deployment: Deployment) -> CoreSettings:
-    """What the core's adapter reads (settings.json), from the deployment's keys of the same names."""
-    return CoreSettings(
-        metrics=deployment.metrics,
-        engine_env=deployment.engine_env,
-        stream_interval_ms=deployment.stream_interval_ms,
-        health=HealthSettings(**vars(deployment.health)),
-        core=SenderSettings(**vars(deployment.core)),
-    )
+    """What the core's adapter reads (settings.json): the deployment's keys of the same names (a Deployment is a
+    CoreSettings with more keys)."""
+    return CoreSettings.model_validate(deployment.model_dump(include=set(CoreSettings.model_fields)))
 
 
 def _settings(settings: Settings) -> str:

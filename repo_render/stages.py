@@ -10,7 +10,7 @@ from pathlib import Path
 from core import interface as tensors
 from core.interface import NUMPY_DTYPES, TensorSpec
 from core.stage import load_stage_class
-from repo_render.schema import BUILTIN_STAGES, ROOT, ConfigError, Deployment, Names, _did_you_mean
+from repo_render.schema import BUILTIN_STAGES, ROOT, ConfigError, Deployment, Names, did_you_mean
 
 
 def stage_path(role: str, value: str) -> str:
@@ -24,7 +24,7 @@ def stage_path(role: str, value: str) -> str:
         return builtin[value]
     raise ConfigError(
         f"{role}.class: {value!r} is not a built-in {role} ({', '.join(builtin)}); "
-        f"{_did_you_mean(value, list(builtin))} Or give your own class as 'package.module:ClassName'."
+        f"{did_you_mean(value, list(builtin))} Or give your own class as 'package.module:ClassName'."
     )
 
 

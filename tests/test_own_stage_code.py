@@ -61,7 +61,7 @@ def test_the_bls_entry_carries_the_code_paths_too(tmp_path: Path):
         ),
         (
             lambda text: text.replace("code_paths: [../own_code]", "code_paths: ../own_code"),
-            "code_paths: expected list[str], got str '../own_code'",
+            "code_paths: expected a list, got str '../own_code'",
         ),
         (
             lambda text: text.replace("code_paths: [../own_code]", "code_paths: []"),

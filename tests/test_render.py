@@ -80,10 +80,18 @@ def _config(tmp_path: Path, text: str) -> Path:
             "model: ./m\nhealth: {restart_backoff_seconds: true}\n",
             "health.restart_backoff_seconds: expected float, got bool True",
         ),
-        ("model: ./m\nhealth: {restart_backoff_seconds: -1}\n", "health.restart_backoff_seconds: must be between"),
+        ("model: ./m\nhealth: {restart_backoff_seconds: -1}\n", "restart_backoff_seconds: -1 is outside 0..3600"),
+        ("model: ./m\ncore: {sender_threads: 65}\n", "core.sender_threads: 65 is outside 1..64"),
         ("model: ./m\nimages: {max_byte: 10}\n", "images.max_byte: unknown key; did you mean 'max_bytes'?"),
         ("model: ./m\nimages: {max_pixels: 1.5}\n", "images.max_pixels: expected int, got float 1.5"),
-        ("model: ./m\nimages: {max_images: 0}\n", "images.max_images: must be >= 1"),
+        ("model: ./m\nimages: {max_bytes: 0}\n", "images.max_bytes: must be >= 1"),
+        ("model: ./m\nimages: {max_images: -1}\n", "images.max_images: must be >= 0"),
+        # list[str] and nested sections: the key path, never a KeyError or pydantic's own report
+        ("model: ./m\ncode_paths: [own, 3]\n", "code_paths[1]: expected str, got int 3"),
+        ("model: ./m\ncode_paths: own\n", "code_paths: expected a list, got str 'own'"),
+        ("model: ./m\nhealth: 3\n", "health: expected a mapping, got int 3"),
+        ("model: ./m\npreprocess: {clas: raw}\n", "preprocess.clas: unknown key; did you mean 'class'?"),
+        ("model: ./m\nentry: blss\n", "entry: must be one of ensemble, bls, got 'blss'"),
         ("model: ./m\nchat_template: {inline: x, file: y}\n", "chat_template: give 'inline' (the template) or 'file'"),
         ("model: ./m\nchat_template: {file: nowhere.jinja}\n", "chat_template.file: no such file 'nowhere.jinja'"),
         ("model: ./m\nchat_template: {inline: 3}\n", "chat_template.inline: expected str, got int 3"),
@@ -191,6 +199,29 @@ def test_config_errors_name_the_key_and_write_nothing(tmp_path: Path, capsys, te
     assert main([str(_config(tmp_path, text)), "--out", str(out)]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_every_problem_of_a_config_is_reported_at_once(tmp_path: Path, capsys):
+    text = "model: 3\nmetric: true\nhealth: {max_restarts: 0}\ncode_paths: [1]\n"
+    with pytest.raises(ConfigError) as error:
+        load_deployment(_config(tmp_path, text))
+    assert sorted(str(error.value).splitlines()) == [
+        "code_paths[0]: expected str, got int 1",
+        "health.max_restarts: must be >= 1 (to never restart, set health.restart_engine: false)",
+        "metric: unknown key; did you mean 'metrics'?",
+        "model: expected str, got int 3",
+    ]
+
+
+def test_a_deployment_may_refuse_every_image(tmp_path: Path):
+    """images.max_images: 0 is meaningful (a vision model served for text only); the stage's rule is the same."""
+    from preprocess.images import ImageLimits
+
+    files = render(load_deployment(_config(tmp_path, "model: ./m\nimages: {max_images: 0}\n")), tmp_path / "r")
+    settings = json.loads(files["preprocess/1/stage.json"])["settings"]
+    assert ImageLimits.from_settings(settings).max_images == 0
+    with pytest.raises(ValueError, match="preprocess setting max_images: input should be greater than or equal to 0"):
+        ImageLimits.from_settings({"max_images": -1})
 
 
 def test_config_error_is_a_value_error_for_library_callers(tmp_path: Path):
