@@ -312,6 +312,20 @@ def test_rendered_files_are_ascii_so_the_stub_can_read_them(tmp_path: Path):
     assert json.loads(files["preprocess/1/stage.json"])["settings"]["chat_template"] == '{{ "¡hola!" }}'
 
 
+def test_config_pbtxt_field_names_and_enum_values_are_checked_when_rendering():
+    from google.protobuf.json_format import ParseError
+
+    from repo_render.pbtxt import pbtxt
+
+    assert pbtxt({"name": "m", "input": [{"name": "x", "data_type": "TYPE_FP16", "dims": [1]}]}) == (
+        'name: "m"\ninput {\n  name: "x"\n  data_type: TYPE_FP16\n  dims: 1\n}\n'
+    )
+    with pytest.raises(ParseError, match="TYPE_FP128"):
+        pbtxt({"name": "m", "input": [{"name": "x", "data_type": "TYPE_FP128"}]})
+    with pytest.raises(ParseError, match="instance_groups"):
+        pbtxt({"name": "m", "instance_groups": [{"count": 1}]})
+
+
 def test_several_postprocess_instances_preserve_response_order(tmp_path: Path):
     one = render(load_deployment(_config(tmp_path, "model: ./m\npostprocess: {instances: 1}\n")), tmp_path / "a")
     assert "dynamic_batching" not in one["postprocess/config.pbtxt"]
