@@ -23,6 +23,7 @@ from typing import Any
 
 from core.interface import InvalidInput, Unavailable, check_lora
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta
+from core.settings import HealthSettings
 from core.token_sync import sync_token_ids
 from core.token_windows import TokenWindows, decode_options
 from core.vllm_version import check_vllm_version
@@ -45,18 +46,8 @@ STABLE_SECONDS = 60.0  # a restarted engine that dies sooner than this counts as
 RESTARTING = "the vLLM engine died and is restarting; retry in a few seconds"
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
-    """What to do when the engine dies (deployment key `health`, see tools/render_repo.py).
-
-    Restart k (1-based, counted among restarts in a row that did not hold: the start failed, or the engine died
-    again within STABLE_SECONDS) waits backoff_seconds * 2**(k-1); after max_restarts of them the core gives up
-    and stays UNAVAILABLE, so a crash loop (e.g. a model that kills its EngineCore on every load) does not spin.
-    """
-
-    enabled: bool = True
-    max_restarts: int = 3
-    backoff_seconds: float = 1.0
+# What to do when the engine dies: the deployment's `health` key, with its defaults in one place (core/settings.py).
+RestartPolicy = HealthSettings
 
 
 def prepare_process_environment() -> None:
@@ -239,7 +230,7 @@ class Engine:
     ) -> None:
         prepare_process_environment()
         self._stat_loggers = stat_loggers
-        self._restart = restart or RestartPolicy(enabled=False)
+        self._restart = restart or RestartPolicy()  # the deployment default: restart
         # Why new requests are refused while the engine is down (None while it runs); read from any thread.
         self._down_reason: str | None = None
         self._restarted_at: float | None = None  # when the current engine came up by a restart
@@ -293,7 +284,7 @@ class Engine:
             return
         self._started.set()
         self._watcher.start()
-        supervisor = asyncio.ensure_future(self._supervise()) if self._restart.enabled else None
+        supervisor = asyncio.ensure_future(self._supervise()) if self._restart.restart_engine else None
         await self._stop.wait()
         if supervisor is not None:
             supervisor.cancel()
@@ -337,7 +328,7 @@ class Engine:
                     )
                     log.error("giving up on the vLLM engine after %d failed restart(s) in a row", failures)
                     return
-                delay = policy.backoff_seconds * 2**failures
+                delay = policy.restart_backoff_seconds * 2**failures
                 log.warning(
                     "restarting the vLLM engine in %.1f s (attempt %d of %d)", delay, failures + 1, policy.max_restarts
                 )
@@ -409,7 +400,7 @@ class Engine:
         """
         if self._loop is None or self._llm is None or self.errored:
             reason = self._down_reason
-            if reason is None and self._restart.enabled and not self._closing.is_set():
+            if reason is None and self._restart.restart_engine and not self._closing.is_set():
                 reason = RESTARTING  # it died, and the supervisor has not seen it yet
             emit(None, Unavailable(reason or "the vLLM engine is not running"), True)
             return None

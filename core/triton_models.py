@@ -25,18 +25,19 @@ import triton_python_backend_utils as pb_utils
 
 from core.coalesce import Outgoing, StreamPacer
 from core.core_stats import CoreStats
-from core.engine import Engine, RestartPolicy, prepare_process_environment
+from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args, resolve_path, resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.metrics import COUNTERS, GAUGES, HISTOGRAMS, StatsBuffer, stat_logger_factory
 from core.protocol import EngineRequest, EngineResponse, merge_responses
+from core.settings import CoreSettings, EntrySettings, GenerateSettings, load_settings
 from core.stage import load_stage_class
 
 STAGE_FILE = "stage.json"
 LORA_FILE = "multi_lora.json"
 STAGE_PATH_KEYS = ("tokenizer", "chat_template_file")
 ENTRY_STAGES_FILE = "stages.json"
-# Request parameters between an entry model and the core (DESIGN.md rule 5: on Triton 2.51 a client's cancel
+# Request parameters between an entry model and the core (docs/platform-notes.md T5: on Triton 2.51 a client's cancel
 # does not reach a BLS child, so the entry model, which does see it, aborts its core request by key).
 CANCEL_KEY_PARAMETER = "cancel_key"
 ABORT_PARAMETER = "abort"
@@ -45,10 +46,6 @@ CODE_TAG_PARAMETER = "tag_error_codes"  # a BLS caller asks the core to tag erro
 
 def _model_dir(args: dict[str, Any]) -> Path:
     return Path(args["model_repository"]) / args["model_version"]
-
-
-def _config_parameter(model_config: dict[str, Any], key: str, default: str) -> str:
-    return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
 def _triton_error(exc: BaseException, tagged: bool = False) -> Any:
@@ -235,26 +232,21 @@ class CoreModel:
         self.logger = pb_utils.Logger
         model_dir = _model_dir(args)
         loras = _lora_adapters(model_dir / LORA_FILE, Path(args["model_repository"]).parent)
-        model_config = json.loads(args["model_config"])
+        settings = load_settings(CoreSettings, model_dir)
         # The deployment's engine_env, before vLLM reads it; the EngineCore process inherits it.
-        os.environ.update(json.loads(_config_parameter(model_config, "engine_env", "{}")))
+        os.environ.update(settings.engine_env)
         prepare_process_environment()  # before anything imports vLLM
         self._metrics: TritonMetrics | None = None
         stat_loggers = None
-        if _config_parameter(model_config, "metrics_enabled", "false") == "true":
+        if settings.metrics:
             self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
             stat_loggers = [stat_logger_factory(self._metrics.buffer)]
-        # Triton 2.51's Python backend cannot mark the model not ready: the engine restarts itself instead.
-        restart = RestartPolicy(
-            enabled=_config_parameter(model_config, "restart_engine", "false") == "true",
-            max_restarts=int(_config_parameter(model_config, "max_engine_restarts", "3")),
-            backoff_seconds=float(_config_parameter(model_config, "restart_backoff_seconds", "1.0")),
-        )
         self.engine = Engine(
             load_engine_args(model_dir / ENGINE_ARGS_FILE),
             lora_adapters=loras,
             stat_loggers=stat_loggers,
-            restart=restart,
+            # Triton 2.51's Python backend cannot mark the model not ready: the engine restarts itself instead.
+            restart=settings.health,
         )
         self.engine.start()
         if self._metrics is not None:
@@ -263,16 +255,16 @@ class CoreModel:
         # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py). Each send is a blocking
         # round trip to tritonserver with the GIL released (python_backend's ResponseSender::Send): several
         # threads keep several round trips in flight. A request stays on one thread, so its order holds.
-        self.stream_interval = int(_config_parameter(model_config, "stream_interval_ms", "0")) / 1000
-        switch_interval_ms = float(_config_parameter(model_config, "switch_interval_ms", "0"))
-        if switch_interval_ms > 0:
+        self.stream_interval = settings.stream_interval_ms / 1000
+        if settings.core.switch_interval_ms > 0:
             # A thread back from a GIL-free wait (an IPC round trip, a request arriving) waits for the GIL up to
             # the switch interval while the engine loop computes. Set after the engine started: a forked
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
-            sys.setswitchinterval(switch_interval_ms / 1000)
+            sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
         self.stats = CoreStats.from_environment(self.logger)
-        threads = max(1, int(_config_parameter(model_config, "sender_threads", "1")))
-        self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [queue.SimpleQueue() for _ in range(threads)]
+        self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
+            queue.SimpleQueue() for _ in range(settings.core.sender_threads)
+        ]
         self._next_outbox = itertools.count()
         self._sender_threads = [
             threading.Thread(target=self._send_loop, args=(outbox,), name=f"vllm-core-sender-{i}", daemon=True)
@@ -369,19 +361,21 @@ class GenerateModel:
     """Non-decoupled BLS: drives the decoupled core and answers each request with one merged response.
 
     `execute` hands each request to a worker thread and returns None at once; the worker answers through the
-    request's own response sender (one response, FINAL), so requests never wait for each other (DESIGN.md
-    rule 3). Worker threads block in Triton's BLS response iterator, which releases the GIL while waiting.
+    request's own response sender (one response, FINAL), so requests never wait for each other
+    (docs/platform-notes.md T3). Worker threads block in Triton's BLS response iterator, which releases the GIL
+    while waiting.
     """
 
     # Iterators of cancelled requests are kept this long before Python may free them (see _release).
     DEFERRED_RELEASE_SECONDS = 5.0
 
+    SETTINGS: type[GenerateSettings] = GenerateSettings
+
     def initialize(self, args: dict[str, Any]) -> None:
         self.logger = pb_utils.Logger
-        model_config = json.loads(args["model_config"])
-        self.core_model = _config_parameter(model_config, "core_model", "vllm_core")
-        workers = int(_config_parameter(model_config, "max_in_flight", "512"))
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="generate")
+        self.settings = load_settings(self.SETTINGS, _model_dir(args))
+        self.core_model = self.settings.core_model
+        self.pool = ThreadPoolExecutor(max_workers=self.settings.max_in_flight, thread_name_prefix="generate")
         self._graveyard: deque[tuple[float, Any]] = deque()
         self._graveyard_lock = threading.Lock()
 
@@ -433,7 +427,7 @@ class GenerateModel:
 
         On 2.51 the stub may destroy a dropped iterator (and its numpy object arrays) off the GIL while the
         server's cleanup message for it is still in flight; under load that corrupted the stub's heap
-        (DESIGN.md rule 3; fixed upstream in python_backend b771f4f). `is_cancelled()` is a round trip
+        (docs/platform-notes.md T3; fixed upstream in python_backend b771f4f). `is_cancelled()` is a round trip
         through the same stub<->server queue, so once it returns that message has been handled. A cancelled
         request answers `is_cancelled()` from a cached flag without the round trip, so its iterator is
         parked for a few seconds instead.
@@ -454,20 +448,20 @@ class GenerateModel:
 class EntryModel(GenerateModel):
     """A public entry that is not an ensemble: preprocess and postprocess stages run in-process, the core by BLS.
 
-    Why (DESIGN.md rule 5, measured on Triton 2.51): a client's cancel (gRPC stream cancel, SSE disconnect,
+    Why (docs/platform-notes.md T5, measured on Triton 2.51): a client's cancel (gRPC stream cancel, SSE disconnect,
     plain-request timeout) reaches only the top-level model of its request. Inside an ensemble no step sees
     it (`is_cancelled()` stays false, `send` keeps succeeding), and a BLS iterator has no `cancel()`. This
     model is the top level, so a watcher thread polls each request's `is_cancelled()` and aborts its core
-    request with a control request carrying the request's cancel key. `stream` ("true"/"false") makes it the
+    request with a control request carrying the request's cancel key. settings.json's `stream` makes it the
     decoupled streaming entry (one response per delta) or the plain one (one merged response).
     """
 
     CANCEL_POLL_SECONDS = 0.25
+    SETTINGS = EntrySettings
 
     def initialize(self, args: dict[str, Any]) -> None:
         super().initialize(args)
-        model_config = json.loads(args["model_config"])
-        self.streaming = _config_parameter(model_config, "stream", "false") == "true"
+        self.streaming = self.settings.stream
         spec = json.loads((_model_dir(args) / ENTRY_STAGES_FILE).read_text())
         repository_root = Path(args["model_repository"]).parent
         self.stages = {}
@@ -557,7 +551,7 @@ class EntryModel(GenerateModel):
             sender.send(pb_utils.InferenceResponse(error=_child_error(error)), flags=final)
             return
         if self.streaming:
-            # rule 8 of DESIGN.md: the last data travels with FINAL (a bare FINAL only if the core sent none)
+            # docs/platform-notes.md T8: the last data travels with FINAL (a bare FINAL only if the core sent none)
             sender.send(None if last is None else pb_utils.InferenceResponse(output_tensors=last), flags=final)
             return
         if not deltas:

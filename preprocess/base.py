@@ -15,6 +15,7 @@ import numpy as np
 from core import interface as tensors
 from core.protocol import EngineRequest
 from core.stage import Stage, bool_scalar, string_scalar
+from core.vllm_defaults import FALLBACK_MAX_TOKENS
 from preprocess.sampling import validate_sampling
 
 # The inputs after the prompt's own, in this order in every built-in stage's config.
@@ -27,13 +28,15 @@ REQUEST_OPTION_INPUTS = (
 
 
 class EnginePreprocessor(Stage):
-    """Settings read here: `max_logprobs` (the engine's) and `lora_names` (the adapters the core serves)."""
+    """Settings read here: `max_logprobs` (the engine's), `default_max_tokens` (vLLM's SamplingParams default,
+    written by the renderer: core/vllm_defaults.py) and `lora_names` (the adapters the core serves)."""
 
     outputs = (tensors.ENGINE_REQUEST,)
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
         self.max_logprobs: int | None = settings.get("max_logprobs")
+        self.default_max_tokens: int = settings.get("default_max_tokens", FALLBACK_MAX_TOKENS)
         loras = settings.get("lora_names")
         self.known_loras = frozenset(loras) if loras is not None else None
 
@@ -61,6 +64,7 @@ class EnginePreprocessor(Stage):
             parameters,
             max_logprobs=self.max_logprobs,
             known_loras=self.known_loras,
+            default_max_tokens=self.default_max_tokens,
         )
 
     @staticmethod

@@ -4,7 +4,8 @@ output options.
 Accepts the Triton vLLM backend's inputs, so its clients work unchanged, and `messages` (OpenAI-style chat,
 rendered with the chat template as vLLM's `LLM.chat` does, see preprocess/chat.py).
 
-Settings (from the deployment config): `tokenizer`, `max_model_len`, `max_logprobs`, `lora_names`;
+Settings (from the deployment config): `tokenizer`, `max_model_len`, `max_logprobs`, `default_max_tokens`
+(vLLM's defaults, core/vllm_defaults.py), `lora_names`;
 `chat_template` (inline) or `chat_template_file` (path) to replace the tokenizer's template;
 `allow_request_chat_template` (default false); `image_placeholder` (default "<image>", the text vLLM puts in
 a string-content prompt per image); `max_image_bytes`, `max_image_pixels`, `max_images` (preprocess/images.py).
@@ -24,7 +25,6 @@ from core.stage import parse_bool, string_scalar
 from preprocess.base import REQUEST_OPTION_INPUTS, EnginePreprocessor
 from preprocess.chat import CHAT_OPTION_KEYS, parse_chat_options, parse_messages, render_chat
 from preprocess.images import ImageLimits, decode_images
-from preprocess.sampling import VLLM_DEFAULT_MAX_TOKENS
 
 
 class Preprocessor(EnginePreprocessor):
@@ -117,7 +117,7 @@ class Preprocessor(EnginePreprocessor):
                 " and at least one must be left to generate"
             )
         room = self.max_model_len - prompt_tokens
-        if sampling.get("max_tokens", VLLM_DEFAULT_MAX_TOKENS) > room:
+        if sampling.get("max_tokens", self.default_max_tokens) > room:
             sampling["max_tokens"] = room
             if sampling.get("min_tokens", 0) > room:
                 sampling["min_tokens"] = room

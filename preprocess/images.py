@@ -22,7 +22,9 @@ import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.interface import InvalidInput
 
@@ -31,30 +33,34 @@ DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # width * height per image
 DEFAULT_MAX_IMAGES = 4  # per request
 ALLOWED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP"})
 
+# The limits' rules, shared with the deployment schema's `images` keys (repo_render/schema.py). A size limit of 0
+# would refuse every image with a misleading message; an image count of 0 is meaningful: a vision model deployed to
+# serve text only refuses every image, saying max_images=0.
+ImageBytes = Annotated[int, Field(ge=1)]
+ImagePixels = Annotated[int, Field(ge=1)]
+ImageCount = Annotated[int, Field(ge=0)]
+
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.I)
 
 
-@dataclass(frozen=True)
-class ImageLimits:
-    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    max_images: int = DEFAULT_MAX_IMAGES
+class ImageLimits(BaseModel):
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    max_image_bytes: ImageBytes = DEFAULT_MAX_IMAGE_BYTES
+    max_image_pixels: ImagePixels = DEFAULT_MAX_IMAGE_PIXELS
+    max_images: ImageCount = DEFAULT_MAX_IMAGES
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> ImageLimits:
-        values = {}
-        for key, default in (
-            ("max_image_bytes", DEFAULT_MAX_IMAGE_BYTES),
-            ("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS),
-            ("max_images", DEFAULT_MAX_IMAGES),
-        ):
-            value = settings.get(key, default)
-            if value is None:
-                value = default
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"preprocess setting {key}: expected an integer >= 0, got {value!r}")
-            values[key] = value
-        return cls(**values)
+        """The limits among a preprocess stage's settings; a missing or null one keeps its default."""
+        values = {key: settings[key] for key in cls.model_fields if settings.get(key) is not None}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise ValueError(
+                f"preprocess setting {error['loc'][0]}: {error['msg'].lower()}, got {error['input']!r}"
+            ) from None
 
 
 @dataclass(frozen=True)

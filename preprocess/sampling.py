@@ -17,8 +17,7 @@ from typing import Any
 
 from core.interface import InvalidInput, check_lora
 from core.stage import parse_bool, parse_json_container, parse_json_object
-
-VLLM_DEFAULT_MAX_TOKENS = 16  # SamplingParams.max_tokens when the request does not set it
+from core.vllm_defaults import FALLBACK_MAX_TOKENS
 
 # Request parameters that Triton's frontends or clients set for themselves; they are not sampling parameters.
 TRITON_REQUEST_PARAMETERS = frozenset(
@@ -258,8 +257,10 @@ def validate_sampling(
     *,
     max_logprobs: int | None = None,
     known_loras: frozenset[str] | None = None,
+    default_max_tokens: int = FALLBACK_MAX_TOKENS,
 ) -> dict[str, Any]:
-    """Merge the JSON tensor over the request parameters (the tensor wins per key) and check every value."""
+    """Merge the JSON tensor over the request parameters (the tensor wins per key) and check every value.
+    `default_max_tokens`: vLLM's SamplingParams default, which the renderer writes into the stage's settings."""
     merged: dict[str, Any] = {
         k: v
         for k, v in request_parameters.items()
@@ -288,7 +289,7 @@ def validate_sampling(
         checked.setdefault("structured_outputs", checked.pop("guided_decoding"))
     if checked.get("n", 1) > 1 and checked.get("temperature", 1.0) < 1e-5:
         raise InvalidInput(f"n={checked['n']}: must be 1 with greedy sampling (temperature=0)")
-    max_tokens = checked.get("max_tokens", VLLM_DEFAULT_MAX_TOKENS)
+    max_tokens = checked.get("max_tokens", default_max_tokens)
     if checked.get("min_tokens", 0) > max_tokens:
         given = "" if "max_tokens" in checked else " (vLLM's default)"
         raise InvalidInput(f"min_tokens={checked['min_tokens']} must be <= max_tokens={max_tokens}{given}")

@@ -4,18 +4,17 @@ deployment with its own stage code in a folder outside the project (`code_paths`
 from __future__ import annotations
 
 import textwrap
-from dataclasses import fields, replace
 from pathlib import Path
 
-from tools.render_repo import Deployment, Names, render, write
+from repo_render import Deployment, Names, render, write
 from tools.triton_server import TritonServer, start_on_free_ports
 
 
 def with_own_internal_names(deployment: Deployment) -> Deployment:
     """Internal model names derived from the public plain name, so deployments can share a repository."""
     names = deployment.names
-    internal = {f.name: f"{names.plain}_{f.name}" for f in fields(Names) if f.name not in ("plain", "streaming")}
-    return replace(deployment, names=replace(names, **internal))
+    internal = {key: f"{names.plain}_{key}" for key in Names.model_fields if key not in ("plain", "streaming")}
+    return deployment.model_copy(update={"names": names.model_copy(update=internal)})  # keeps base_dir
 
 
 def render_together(deployments: list[Deployment], out: Path) -> dict[str, str]:

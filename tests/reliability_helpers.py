@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from tools import render_repo
+import repo_render
 from tools.triton_server import TritonServer, start_on_free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,14 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def render_repository(out: Path, *, entry: str = "bls", **overrides: object) -> Path:
     """Render the default deployment (with `entry` and top-level overrides, e.g. metrics=True) into `out`."""
-    doc = yaml.safe_load(render_repo.DEFAULT_CONFIG.read_text())
+    doc = yaml.safe_load(repo_render.DEFAULT_CONFIG.read_text())
     doc.update({"entry": entry, **overrides})
     config = out.parent / f"{out.name}.yaml"
     config.write_text(yaml.safe_dump(doc))
-    deployment = render_repo.load_deployment(config)
-    deployment.base_dir = render_repo.DEFAULT_CONFIG.parent  # the model path stays relative to deployments/
-    files = render_repo.render(deployment, out)
-    render_repo.write(files, out)
+    deployment = repo_render.load_deployment(config)
+    deployment.base_dir = repo_render.DEFAULT_CONFIG.parent  # the model path stays relative to deployments/
+    files = repo_render.render(deployment, out)
+    repo_render.write(files, out)
     return out
 
 

@@ -20,9 +20,9 @@ import pytest
 import requests
 import yaml
 
+from repo_render import DEFAULT_CONFIG
 from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
 from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_infer, grpc_inputs, text_of
-from tools.render_repo import DEFAULT_CONFIG
 
 pytestmark = pytest.mark.server
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from repo_render import ROOT
 from tools.check_deployment import main
-from tools.render_repo import ROOT
 
 pytestmark = pytest.mark.server
 

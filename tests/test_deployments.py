@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from repo_render import ROOT, load_deployment
 from tests.deployment_helpers import render_together, start_server, with_own_internal_names
 from tests.triton_helpers import grpc_infer, http_generate, sse_events
 from tools.build_tiny_lora import build as build_tiny_lora
-from tools.render_repo import ROOT, load_deployment
 
 EXAMPLES = ROOT / "deployments" / "examples"
 PROMPT = "The quick brown fox"

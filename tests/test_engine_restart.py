@@ -85,7 +85,7 @@ def make_engine():
 
 
 def test_a_dead_engine_is_replaced_and_new_requests_hear_it_is_restarting(make_engine):
-    engine = make_engine(RestartPolicy(max_restarts=3, backoff_seconds=0.5))
+    engine = make_engine(RestartPolicy(max_restarts=3, restart_backoff_seconds=0.5))
     first = engine.engines[0]
     first.errored = True
     assert engine.refusal() == RESTARTING  # at once, before the supervisor has even seen the death
@@ -96,7 +96,7 @@ def test_a_dead_engine_is_replaced_and_new_requests_hear_it_is_restarting(make_e
 
 
 def test_failing_starts_back_off_exponentially_and_give_up_after_max_restarts(make_engine):
-    engine = make_engine(RestartPolicy(max_restarts=3, backoff_seconds=0.1), starts=["fail"] * 10)
+    engine = make_engine(RestartPolicy(max_restarts=3, restart_backoff_seconds=0.1), starts=["fail"] * 10)
     engine.engines[0].errored = True
     _wait(lambda: "stays down" in (engine.refusal() or ""))
     assert engine.refusal() == (
@@ -109,7 +109,7 @@ def test_failing_starts_back_off_exponentially_and_give_up_after_max_restarts(ma
 
 
 def test_restarts_that_do_not_hold_count_as_failures(make_engine):
-    engine = make_engine(RestartPolicy(max_restarts=2, backoff_seconds=0.05))
+    engine = make_engine(RestartPolicy(max_restarts=2, restart_backoff_seconds=0.05))
     for restarts in (1, 2):
         engine.engines[-1].errored = True
         _wait(lambda restarts=restarts: engine.restarts == restarts)
@@ -121,7 +121,7 @@ def test_restarts_that_do_not_hold_count_as_failures(make_engine):
 
 def test_an_engine_that_held_resets_the_count(make_engine, monkeypatch):
     monkeypatch.setattr(engine_module, "STABLE_SECONDS", 0.0)  # every restart counts as having held
-    engine = make_engine(RestartPolicy(max_restarts=1, backoff_seconds=0.05))
+    engine = make_engine(RestartPolicy(max_restarts=1, restart_backoff_seconds=0.05))
     for restarts in (1, 2, 3):
         engine.engines[-1].errored = True
         _wait(lambda restarts=restarts: engine.restarts == restarts)
@@ -129,7 +129,7 @@ def test_an_engine_that_held_resets_the_count(make_engine, monkeypatch):
 
 
 def test_without_restart_a_dead_engine_stays_dead(make_engine):
-    engine = make_engine(RestartPolicy(enabled=False))
+    engine = make_engine(RestartPolicy(restart_engine=False))
     engine.engines[0].errored = True
     time.sleep(1.0)
     assert engine.refusal() == "the vLLM engine is not running"

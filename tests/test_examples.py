@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.render_repo import DEFAULT_CONFIG, ROOT, load_deployment, main, render
+from repo_render import DEFAULT_CONFIG, ROOT, load_deployment, main, render
 
 EXAMPLES = ROOT / "deployments" / "examples"
 ALL = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
@@ -94,7 +94,7 @@ def test_openai_example_outputs_one_chat_completion_tensor(tmp_path: Path):
     files = _render("openai.yaml", tmp_path)
     for ensemble in ("chat_model", "chat_model_stream"):
         config = files[f"{ensemble}/config.pbtxt"]
-        assert 'output {\n  name: "chat_completion"\n  data_type: TYPE_STRING\n  dims: [ 1 ]\n}' in config
+        assert 'output {\n  name: "chat_completion"\n  data_type: TYPE_STRING\n  dims: 1\n}' in config
     stage = json.loads(files["postprocess/1/stage.json"])
     assert stage["class"] == "postprocess.openai:OpenAIPostprocessor"
     # the engine's tokenizer too: every postprocess stage decodes the engine's token ids

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.stage import load_stage_class
+from repo_render import ConfigError, load_deployment, main, render
 from tests.deployment_helpers import (
     own_deployment,
     render_together,
@@ -18,7 +19,6 @@ from tests.deployment_helpers import (
     write_own_code,
 )
 from tests.triton_helpers import grpc_infer, sse_events
-from tools.render_repo import ConfigError, load_deployment, main, render
 
 PROMPT = "The quick brown fox"
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -61,7 +61,7 @@ def test_the_bls_entry_carries_the_code_paths_too(tmp_path: Path):
         ),
         (
             lambda text: text.replace("code_paths: [../own_code]", "code_paths: ../own_code"),
-            "code_paths: expected list[str], got str '../own_code'",
+            "code_paths: expected a list, got str '../own_code'",
         ),
         (
             lambda text: text.replace("code_paths: [../own_code]", "code_paths: []"),

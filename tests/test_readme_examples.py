@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tools.render_repo import ROOT
+from repo_render import ROOT
 
 pytestmark = pytest.mark.server
 

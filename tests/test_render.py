@@ -1,4 +1,4 @@
-"""tools/render_repo.py: the checked-in repository is its rendering; configs are validated before writing."""
+"""repo_render: the checked-in repository is its rendering; configs are validated before writing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.render_repo import (
+from repo_render import (
     DEFAULT_CONFIG,
     DEFAULT_OUT,
     ConfigError,
@@ -31,7 +31,7 @@ def test_rendering_is_deterministic(tmp_path: Path):
     assert main([str(DEFAULT_CONFIG), "--out", str(second)]) == 0
     read = lambda root: {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}  # noqa: E731
     assert read(first) == read(second)
-    assert len(read(first)) == 15
+    assert len(read(first)) == 17
 
 
 def test_check_reports_drift(tmp_path: Path):
@@ -80,10 +80,18 @@ def _config(tmp_path: Path, text: str) -> Path:
             "model: ./m\nhealth: {restart_backoff_seconds: true}\n",
             "health.restart_backoff_seconds: expected float, got bool True",
         ),
-        ("model: ./m\nhealth: {restart_backoff_seconds: -1}\n", "health.restart_backoff_seconds: must be between"),
+        ("model: ./m\nhealth: {restart_backoff_seconds: -1}\n", "restart_backoff_seconds: -1 is outside 0..3600"),
+        ("model: ./m\ncore: {sender_threads: 65}\n", "core.sender_threads: 65 is outside 1..64"),
         ("model: ./m\nimages: {max_byte: 10}\n", "images.max_byte: unknown key; did you mean 'max_bytes'?"),
         ("model: ./m\nimages: {max_pixels: 1.5}\n", "images.max_pixels: expected int, got float 1.5"),
-        ("model: ./m\nimages: {max_images: 0}\n", "images.max_images: must be >= 1"),
+        ("model: ./m\nimages: {max_bytes: 0}\n", "images.max_bytes: must be >= 1"),
+        ("model: ./m\nimages: {max_images: -1}\n", "images.max_images: must be >= 0"),
+        # list[str] and nested sections: the key path, never a KeyError or pydantic's own report
+        ("model: ./m\ncode_paths: [own, 3]\n", "code_paths[1]: expected str, got int 3"),
+        ("model: ./m\ncode_paths: own\n", "code_paths: expected a list, got str 'own'"),
+        ("model: ./m\nhealth: 3\n", "health: expected a mapping, got int 3"),
+        ("model: ./m\npreprocess: {clas: raw}\n", "preprocess.clas: unknown key; did you mean 'class'?"),
+        ("model: ./m\nentry: blss\n", "entry: must be one of ensemble, bls, got 'blss'"),
         ("model: ./m\nchat_template: {inline: x, file: y}\n", "chat_template: give 'inline' (the template) or 'file'"),
         ("model: ./m\nchat_template: {file: nowhere.jinja}\n", "chat_template.file: no such file 'nowhere.jinja'"),
         ("model: ./m\nchat_template: {inline: 3}\n", "chat_template.inline: expected str, got int 3"),
@@ -193,6 +201,29 @@ def test_config_errors_name_the_key_and_write_nothing(tmp_path: Path, capsys, te
     assert not out.exists()
 
 
+def test_every_problem_of_a_config_is_reported_at_once(tmp_path: Path, capsys):
+    text = "model: 3\nmetric: true\nhealth: {max_restarts: 0}\ncode_paths: [1]\n"
+    with pytest.raises(ConfigError) as error:
+        load_deployment(_config(tmp_path, text))
+    assert sorted(str(error.value).splitlines()) == [
+        "code_paths[0]: expected str, got int 1",
+        "health.max_restarts: must be >= 1 (to never restart, set health.restart_engine: false)",
+        "metric: unknown key; did you mean 'metrics'?",
+        "model: expected str, got int 3",
+    ]
+
+
+def test_a_deployment_may_refuse_every_image(tmp_path: Path):
+    """images.max_images: 0 is meaningful (a vision model served for text only); the stage's rule is the same."""
+    from preprocess.images import ImageLimits
+
+    files = render(load_deployment(_config(tmp_path, "model: ./m\nimages: {max_images: 0}\n")), tmp_path / "r")
+    settings = json.loads(files["preprocess/1/stage.json"])["settings"]
+    assert ImageLimits.from_settings(settings).max_images == 0
+    with pytest.raises(ValueError, match="preprocess setting max_images: input should be greater than or equal to 0"):
+        ImageLimits.from_settings({"max_images": -1})
+
+
 def test_config_error_is_a_value_error_for_library_callers(tmp_path: Path):
     with pytest.raises(ConfigError):
         load_deployment(_config(tmp_path, "model: 3\n"))
@@ -248,15 +279,14 @@ def test_top_level_keys_reach_the_stage_settings_and_core_parameters(tmp_path: P
     assert settings["chat_template_file"] == str(tmp_path / "templates" / "chat.jinja")  # outside a project
     assert settings["allow_request_chat_template"] is True
     assert (settings["max_image_bytes"], settings["max_image_pixels"], settings["max_images"]) == (1000, 4096, 2)
-    core = files["vllm_core/config.pbtxt"]
-    assert 'key: "metrics_enabled"\n  value {\n    string_value: "false"' in core
+    core = json.loads(files["vllm_core/1/settings.json"])
+    assert core["metrics"] is False
     # health left out: restart on, 3 restarts, 1 s backoff
-    for key, value in (("restart_engine", "true"), ("max_engine_restarts", "3"), ("restart_backoff_seconds", "1.0")):
-        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in core
+    assert core["health"] == {"restart_engine": True, "max_restarts": 3, "restart_backoff_seconds": 1.0}
     health = "model: ./m\nhealth: {restart_engine: false, max_restarts: 5, restart_backoff_seconds: 2}\n"
-    core = render(load_deployment(_config(tmp_path, health)), tmp_path / "h")["vllm_core/config.pbtxt"]
-    for key, value in (("restart_engine", "false"), ("max_engine_restarts", "5"), ("restart_backoff_seconds", "2.0")):
-        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in core
+    core = json.loads(render(load_deployment(_config(tmp_path, health)), tmp_path / "h")["vllm_core/1/settings.json"])
+    assert core["health"] == {"restart_engine": False, "max_restarts": 5, "restart_backoff_seconds": 2.0}
+    assert "parameters" not in files["vllm_core/config.pbtxt"]  # settings.json is the one place
     inline = render(load_deployment(_config(tmp_path, "model: ./m\nchat_template: {inline: 'T'}\n")), tmp_path / "r")
     settings = json.loads(inline["preprocess/1/stage.json"])["settings"]
     assert (settings["chat_template"], settings["allow_request_chat_template"]) == ("T", False)
@@ -280,6 +310,20 @@ def test_rendered_files_are_ascii_so_the_stub_can_read_them(tmp_path: Path):
     settings = json.loads(files["postprocess/1/stage.json"])["settings"]
     assert settings["prefix"] == "grüße 😀"
     assert json.loads(files["preprocess/1/stage.json"])["settings"]["chat_template"] == '{{ "¡hola!" }}'
+
+
+def test_config_pbtxt_field_names_and_enum_values_are_checked_when_rendering():
+    from google.protobuf.json_format import ParseError
+
+    from repo_render.pbtxt import pbtxt
+
+    assert pbtxt({"name": "m", "input": [{"name": "x", "data_type": "TYPE_FP16", "dims": [1]}]}) == (
+        'name: "m"\ninput {\n  name: "x"\n  data_type: TYPE_FP16\n  dims: 1\n}\n'
+    )
+    with pytest.raises(ParseError, match="TYPE_FP128"):
+        pbtxt({"name": "m", "input": [{"name": "x", "data_type": "TYPE_FP128"}]})
+    with pytest.raises(ParseError, match="instance_groups"):
+        pbtxt({"name": "m", "instance_groups": [{"count": 1}]})
 
 
 def test_several_postprocess_instances_preserve_response_order(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""tools/render_repo.py `entry`: "bls" renders Python entry models (so a client's cancel reaches the engine)."""
+"""repo_render `entry`: "bls" renders Python entry models (so a client's cancel reaches the engine)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.render_repo import DEFAULT_CONFIG, ConfigError, load_deployment, render
+from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render
 
 
 def _config(tmp_path: Path, **changes: object) -> Path:

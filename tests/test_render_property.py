@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2
 
+from repo_render import load_deployment, render
 from tests.deployment_helpers import render_together, start_server, with_own_internal_names
 from tests.triton_helpers import http_generate, sse_events
 from tools.build_tiny_lora import DEFAULT_OUT as TINY_LORA
 from tools.build_tiny_lora import build as build_tiny_lora
 from tools.build_tiny_model import CHAT_TEMPLATE
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL
-from tools.render_repo import load_deployment, render
 
 PREPROCESS = st.sampled_from(["default", "raw", "preprocess.default:Preprocessor", "preprocess.raw:RawPreprocessor"])
 POSTPROCESS = st.sampled_from(["vllm_backend", "openai", "postprocess.openai:OpenAIPostprocessor"])
@@ -189,9 +189,9 @@ def test_sampled_configs_load_in_tritonserver_and_answer(tmp_path_factory: pytes
 def test_the_tree_check_fails_on_wiring_triton_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The checker above is not vacuous: without the renderer's own wiring check, a postprocess that needs a
     request tensor renders to a tree it rejects, and so does feeding that tensor from the request."""
-    import tools.render_repo as render_repo
+    import repo_render.repository
 
-    monkeypatch.setattr(render_repo, "check_wiring", lambda *args: None)
+    monkeypatch.setattr(repo_render.repository, "check_wiring", lambda *args: None)
     config = {"model": "./m", "postprocess": {"class": "tests.custom_stages:NeedsRequestInput"}}
     files = render(_load(config, tmp_path), tmp_path / "repo")
     with pytest.raises(AssertionError, match=r"postprocess is not fed \{'stream'\}"):

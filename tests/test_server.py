@@ -268,7 +268,7 @@ def test_concurrent_streams_arrive_in_order(server, grpc_client):
 def test_the_engine_process_runs_with_the_deployments_engine_env(server):
     """deployments/default.yaml's engine_env reaches vLLM (set by the core before vLLM starts): the EngineCore
     inherits OMP_NUM_THREADS, and VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the model in it (no worker process)."""
-    from tools.render_repo import DEFAULT_CONFIG, load_deployment
+    from repo_render import DEFAULT_CONFIG, load_deployment
 
     engine_env = load_deployment(DEFAULT_CONFIG).engine_env
     assert engine_env == {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

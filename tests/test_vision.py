@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import repo_render
 from tests.test_chat import run_offline
 from tests.triton_helpers import http_generate
-from tools import render_repo
 from tools.build_tiny_llava import DEFAULT_OUT as TINY_LLAVA_DIR
 from tools.build_tiny_llava import build as build_tiny_llava
 from tools.triton_server import start_on_free_ports
@@ -91,8 +91,8 @@ def test_the_hook_serves_the_pillow_twin_only_without_torchvision():
 def vlm_repository(tmp_path_factory):
     build_tiny_llava(TINY_LLAVA_DIR)
     out = tmp_path_factory.mktemp("vlm") / "model_repository"
-    deployment = render_repo.load_deployment(render_repo.ROOT / "deployments" / "examples" / "vision-language.yaml")
-    render_repo.write(render_repo.render(deployment, out), out)
+    deployment = repo_render.load_deployment(repo_render.ROOT / "deployments" / "examples" / "vision-language.yaml")
+    repo_render.write(repo_render.render(deployment, out), out)
     return out
 
 

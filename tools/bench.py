@@ -517,7 +517,7 @@ class BenchSetup:
 def bench_repository(out: Path, deployment_file: Path | None, variables: dict[str, str]) -> BenchSetup:
     """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given)."""
     from core.engine_config import load_engine_args
-    from tools.render_repo import DEFAULT_CONFIG, load_deployment, render, write
+    from repo_render import DEFAULT_CONFIG, load_deployment, render, write
 
     deployment = load_deployment(deployment_file or DEFAULT_CONFIG, variables)
     if deployment_file is None:

@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from tools.render_repo import ConfigError, load_deployment, render, write  # noqa: E402
+from repo_render import ConfigError, load_deployment, render, write  # noqa: E402
 from tools.triton_server import start_on_free_ports  # noqa: E402
 
 PROMPT = "What is Triton Inference Server?"

@@ -1,0 +1,90 @@
+"""What the core, generate and entry adapters read from a rendered repository: one typed model per consumer.
+
+The renderer (repo_render/render.py) writes `settings.json` next to each of these models' model.py from the
+models below, and the adapters (core/triton_models.py) read it back with `model_validate_json`. Every default and
+bound of these settings lives here only: the deployment schema (repo_render/schema.py) takes `metrics`,
+`engine_env`, `stream_interval_ms`, `health` and `core` from CoreSettings, and the engine's RestartPolicy is
+HealthSettings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SETTINGS_FILE = "settings.json"
+
+
+class Settings(BaseModel):
+    # strict: a "3" is not an int and a 1 is not a bool (as in the YAML the deployment author wrote); forbid: a
+    # misspelt key is an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class HealthSettings(Settings):
+    """What the core does when vLLM's engine dies (its EngineCore process crashes or is killed); deployment key
+    `health`. Triton 2.51's Python backend cannot mark a model not ready, so without a restart the core answers
+    UNAVAILABLE forever.
+
+    Restart k (1-based, counted among restarts in a row that did not hold: the start failed, or the engine died
+    again within core.engine.STABLE_SECONDS) waits restart_backoff_seconds * 2**(k-1); after max_restarts of them
+    the core gives up and stays UNAVAILABLE, so a crash loop (e.g. a model that kills its EngineCore on every load)
+    does not spin.
+    """
+
+    restart_engine: bool = True
+    max_restarts: int = Field(3, ge=1, json_schema_extra={"hint": "to never restart, set health.restart_engine: false"})
+    restart_backoff_seconds: float = Field(1.0, ge=0, le=3600)
+
+
+class SenderSettings(Settings):
+    """How the core sends its responses; deployment key `core`."""
+
+    # Threads that send the core's responses to Triton; each send is a round trip to tritonserver, so several
+    # threads keep several in flight (a request stays on one thread: its responses keep their order).
+    sender_threads: int = Field(1, ge=1, le=64)
+    # Python's GIL switch interval in the core's stub, in ms (0: Python's default, 5 ms). A thread back from an
+    # IPC wait waits up to this long for the GIL while the engine loop computes.
+    switch_interval_ms: float = Field(0.0, ge=0, le=100)
+
+
+class CoreSettings(Settings):
+    """The core model's settings.json (the engine's own arguments are model.json)."""
+
+    metrics: bool = False  # publish vLLM's stats as Triton custom metrics
+    # Environment variables for the engine's process, set by the core before vLLM starts (the EngineCore inherits
+    # them): vLLM's own knobs that are not engine args, e.g. OMP_NUM_THREADS or VLLM_CPU_OMP_THREADS_BIND.
+    engine_env: dict[str, str] = Field(default_factory=dict)
+    # A stream's deltas of one request are sent at most once per this many ms (merged; the first and the final
+    # never wait). 0: every delta as soon as the core's sender is free (queued ones still merge).
+    stream_interval_ms: int = Field(0, ge=0, le=1000)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    core: SenderSettings = Field(default_factory=SenderSettings)
+
+
+class GenerateSettings(Settings):
+    """The generate model's settings.json. No defaults: the deployment schema owns them (generate.max_in_flight,
+    names.core) and the renderer always writes both."""
+
+    core_model: str  # the core's model name, called by BLS
+    max_in_flight: int = Field(ge=1)  # worker threads: requests served at once
+
+
+class EntrySettings(GenerateSettings):
+    """A public entry model's settings.json (entry: bls)."""
+
+    stream: bool  # the decoupled streaming entry (one response per delta) or the plain one
+
+
+S = TypeVar("S", bound=Settings)
+
+
+def load_settings(kind: type[S], model_dir: Path) -> S:
+    """`model_dir/settings.json` as `kind`; a missing or stale file fails the model's load, naming the file."""
+    path = Path(model_dir) / SETTINGS_FILE
+    try:
+        return kind.model_validate_json(path.read_text(encoding="ascii"))
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        raise ValueError(f"{path}: cannot read {kind.__name__} (re-render the repository?): {exc}") from exc

@@ -1,0 +1,253 @@
+"""Every file of a model repository from a validated deployment, and writing or comparing them on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from core import interface as tensors
+from core import vllm_defaults
+from core.settings import SETTINGS_FILE, CoreSettings, EntrySettings, GenerateSettings, Settings
+from repo_render.pbtxt import HEADER, _ensemble, _python_model, _step
+from repo_render.schema import BUILTIN_STAGES, BUILTIN_STAGES_PATHS, ROOT, ConfigError, Deployment
+from repo_render.stages import check_wiring, code_dirs, load_stage, stage_path
+
+
+def _model_py(adapter: str, role: str) -> str:
+    return (
+        HEADER
+        + f'"""Triton adapter for {role}; the logic lives in core/ and the stage packages."""\n\n'
+        + f"from core.triton_models import {adapter} as TritonPythonModel  # noqa: F401\n"
+    )
+
+
+def _json(doc: Any) -> str:
+    # ASCII only (non-ASCII as \uXXXX escapes): the 2.51 Python-backend stub runs with LC_CTYPE=C, where the
+    # adapters' Path.read_text() decodes as ASCII; a "ü" in stage.json made a model fail to load (found by
+    # tests/test_render_property.py).
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def _is_local(model: str) -> bool:
+    return model.startswith(("./", "../", "/"))
+
+
+def project_root(out: Path) -> Path:
+    """The project folder that holds the output: the nearest folder at or above it with a `.git` (this project's
+    own folder for an output inside it). Without one, the output folder itself."""
+    out = Path(os.path.abspath(out))
+    for folder in (out, *out.parents):
+        if folder == ROOT or (folder / ".git").exists():
+            return folder
+    return out
+
+
+def _repo_path(path: Path, out: Path, relative: bool = False) -> str:
+    """A local path as a rendered file writes it. Inside the output's project (see project_root) it is relative
+    to the output, so the project can move as a whole and the checked-in repository is the same on every machine;
+    anything else is absolute, so the rendered repository can move on its own. `relative`: always relative
+    (`--relative-model-paths`). The adapters resolve "./" and "../" against the repository root."""
+    path = Path(os.path.abspath(path))
+    out = Path(os.path.abspath(out))
+    if not relative and not path.is_relative_to(project_root(out)):
+        return str(path)
+    relative_path = os.path.relpath(path, out)
+    return relative_path if relative_path.startswith("../") else "./" + relative_path
+
+
+def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> dict[str, str]:
+    """Every file of the repository, by path relative to `out`. `relative_paths`: write every local path
+    relative to `out`, also those outside its project (which are absolute otherwise; see _repo_path)."""
+    names = deployment.names
+    folders = code_dirs(deployment)
+    pre_cls = load_stage("preprocess", deployment.preprocess.cls, folders)
+    post_cls = load_stage("postprocess", deployment.postprocess.cls, folders)
+    check_wiring(pre_cls, post_cls, names)
+    if stage_path("preprocess", deployment.preprocess.cls) == BUILTIN_STAGES["preprocess"]["raw"]:
+        for key in ("chat_template", "images"):
+            if getattr(deployment, key) is not None:
+                raise ConfigError(
+                    f"{key}: the raw preprocess takes the prompt text only (no chat template, no images);"
+                    " remove the key or use preprocess.class: default"
+                )
+
+    model = deployment.model
+    if _is_local(model):
+        model = _repo_path(deployment.base_dir / model, out, relative_paths)
+    engine_args = {**deployment.engine_args, "model": model}
+    lora_paths = {
+        name: (_repo_path(deployment.base_dir / p, out, relative_paths) if _is_local(p) else p)
+        for name, p in sorted(deployment.lora_adapters.items())
+    }
+    pre_settings = {
+        "tokenizer": engine_args.get("tokenizer", model),
+        "max_model_len": engine_args.get("max_model_len"),
+        # vLLM's own defaults, read from vLLM here so that the preprocess stub never imports it
+        "max_logprobs": engine_args.get("max_logprobs", vllm_defaults.max_logprobs()),
+        "default_max_tokens": vllm_defaults.max_tokens(),
+        "lora_names": sorted(lora_paths),
+        **_preprocess_options(deployment, out, relative_paths),
+        **deployment.preprocess.settings,
+    }
+    # tokenizer: the engine's; postprocess turns the engine's token ids into text (postprocess/detokenize.py)
+    post_settings = {
+        "model_name": names.plain,
+        "tokenizer": engine_args.get("tokenizer", model),
+        **deployment.postprocess.settings,
+    }
+
+    files: dict[str, str] = {}
+    files[f"{names.preprocess}/config.pbtxt"] = _python_model(
+        names.preprocess, pre_cls.inputs, pre_cls.outputs, deployment.preprocess.instances, "KIND_CPU"
+    )
+    files[f"{names.preprocess}/1/model.py"] = _model_py("StageModel", "the preprocess stage")
+    # A stage of the deployment's own carries the code_paths (the same path rule as the model), which its adapter
+    # puts on sys.path: pointing at the folders, not copying them, keeps the code editable where it is and the
+    # repository text-only, as with the model.
+    code_paths = [_repo_path(folder, out, relative_paths) for folder in folders]
+    files[f"{names.preprocess}/1/stage.json"] = _json(
+        _stage_spec(stage_path("preprocess", deployment.preprocess.cls), pre_settings, code_paths)
+    )
+
+    files[f"{names.postprocess}/config.pbtxt"] = _python_model(
+        names.postprocess,
+        post_cls.inputs,
+        post_cls.outputs,
+        deployment.postprocess.instances,
+        "KIND_CPU",
+        # The streaming ensemble runs postprocess once per delta. With several instances Triton 2.51 delivered
+        # some of a stream's deltas out of order (measured: 3 of 256 streams); the scheduler's documented
+        # preserve_ordering returns responses in request order (measured: 0 of 192, and the suite's test).
+        preserve_ordering=deployment.postprocess.instances > 1,
+    )
+    files[f"{names.postprocess}/1/model.py"] = _model_py("StageModel", "the postprocess stage")
+    files[f"{names.postprocess}/1/stage.json"] = _json(
+        _stage_spec(stage_path("postprocess", deployment.postprocess.cls), post_settings, code_paths)
+    )
+
+    core_io = ((tensors.ENGINE_REQUEST,), (tensors.ENGINE_RESPONSE,))
+    files[f"{names.core}/config.pbtxt"] = _python_model(
+        names.core,
+        *core_io,
+        1,  # one engine; it spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend
+        "KIND_MODEL",
+        decoupled=True,
+    )
+    files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
+    files[f"{names.core}/1/model.json"] = _json(engine_args)
+    files[f"{names.core}/1/{SETTINGS_FILE}"] = _settings(core_settings(deployment))
+    if lora_paths:
+        files[f"{names.core}/1/multi_lora.json"] = _json(lora_paths)
+
+    files[f"{names.generate}/config.pbtxt"] = _python_model(
+        names.generate,
+        *core_io,
+        deployment.generate.instances,
+        "KIND_CPU",
+    )
+    generate = GenerateSettings(core_model=names.core, max_in_flight=deployment.generate.max_in_flight)
+    files[f"{names.generate}/1/{SETTINGS_FILE}"] = _settings(generate)
+    files[f"{names.generate}/1/model.py"] = _model_py("GenerateModel", "generate (BLS over the core, one response)")
+
+    if deployment.entry == "bls":
+        # The same classes and settings as the stage models' stage.json (one derivation, above).
+        stages = {
+            "preprocess": json.loads(files[f"{names.preprocess}/1/stage.json"]),
+            "postprocess": json.loads(files[f"{names.postprocess}/1/stage.json"]),
+        }
+        for entry, stream in ((names.plain, False), (names.streaming, True)):
+            files[f"{entry}/config.pbtxt"] = _python_model(
+                entry,
+                pre_cls.inputs,
+                post_cls.outputs,
+                deployment.generate.instances,
+                "KIND_CPU",
+                decoupled=stream,
+            )
+            files[f"{entry}/1/{SETTINGS_FILE}"] = _settings(EntrySettings(**dict(generate), stream=stream))
+            files[f"{entry}/1/model.py"] = _model_py("EntryModel", "a public entry (stages in-process, core by BLS)")
+            files[f"{entry}/1/stages.json"] = _json(stages)
+        return dict(sorted(files.items()))
+
+    request, response = "_" + tensors.ENGINE_REQUEST.name, "_" + tensors.ENGINE_RESPONSE.name
+    public_in = {t.name: t.name for t in pre_cls.inputs}
+    public_out = {t.name: t.name for t in post_cls.outputs}
+    for ensemble, middle in ((names.plain, names.generate), (names.streaming, names.core)):
+        steps = [
+            _step(names.preprocess, public_in, {tensors.ENGINE_REQUEST.name: request}),
+            _step(middle, {tensors.ENGINE_REQUEST.name: request}, {tensors.ENGINE_RESPONSE.name: response}),
+            _step(names.postprocess, {tensors.ENGINE_RESPONSE.name: response}, public_out),
+        ]
+        files[f"{ensemble}/config.pbtxt"] = _ensemble(ensemble, pre_cls.inputs, post_cls.outputs, steps)
+        files[f"{ensemble}/1/.keep"] = ""  # Triton needs a version folder, also for an ensemble
+    return dict(sorted(files.items()))
+
+
+def core_settings(deployment: Deployment) -> CoreSettings:
+    """What the core's adapter reads (settings.json): the deployment's keys of the same names (a Deployment is a
+    CoreSettings with more keys)."""
+    return CoreSettings.model_validate(deployment.model_dump(include=set(CoreSettings.model_fields)))
+
+
+def _settings(settings: Settings) -> str:
+    return _json(settings.model_dump(mode="json"))
+
+
+def _stage_spec(cls: str, settings: dict[str, Any], code_paths: list[str]) -> dict[str, Any]:
+    """stage.json: the class, its settings and, for a class of the deployment's own, the folders it imports from."""
+    spec: dict[str, Any] = {"class": cls, "settings": settings}
+    if code_paths and cls not in BUILTIN_STAGES_PATHS:
+        spec["code_paths"] = code_paths
+    return spec
+
+
+def _preprocess_options(deployment: Deployment, out: Path, relative_paths: bool) -> dict[str, Any]:
+    """The top-level chat_template and images keys, as the preprocess stage's settings."""
+    options: dict[str, Any] = {}
+    template = deployment.chat_template
+    if template is not None:
+        if template.inline is not None:
+            options["chat_template"] = template.inline
+        elif template.file is not None:
+            options["chat_template_file"] = _repo_path(deployment.base_dir / str(template.file), out, relative_paths)
+        options["allow_request_chat_template"] = template.allow_per_request
+    if deployment.images is not None:
+        for key, value in (
+            ("max_image_bytes", deployment.images.max_bytes),
+            ("max_image_pixels", deployment.images.max_pixels),
+            ("max_images", deployment.images.max_images),
+        ):
+            if value is not None:
+                options[key] = value
+    return options
+
+
+def existing_files(out: Path) -> dict[str, str]:
+    if not out.exists():
+        return {}
+    return {
+        p.relative_to(out).as_posix(): p.read_text()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def write(files: dict[str, str], out: Path) -> None:
+    stale = set(existing_files(out)) - set(files)
+    for rel in sorted(stale):
+        (out / rel).unlink()
+    for rel, text in files.items():
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+
+
+def drift(files: dict[str, str], out: Path) -> list[str]:
+    current = existing_files(out)
+    problems = [f"missing: {rel}" for rel in files if rel not in current]
+    problems += [f"differs: {rel}" for rel in files if rel in current and current[rel] != files[rel]]
+    problems += [f"extra: {rel}" for rel in current if rel not in files]
+    return problems
