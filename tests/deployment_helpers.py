@@ -93,7 +93,7 @@ def own_deployment(folder: Path, model: Path | str, stage: str = "Shout", **top:
     lines = [
         f"model: {model}",
         "engine_args: {enforce_eager: true, max_model_len: 512, kv_cache_memory_bytes: 268435456,"
-        " disable_log_stats: true}",
+        " gpu_memory_utilization: 0.05, disable_log_stats: true}",  # 0.05: engines share a GPU in the suite
         "engine_env: {OMP_NUM_THREADS: '1', VLLM_ENABLE_V1_MULTIPROCESSING: '0'}",
         "code_paths: [../own_code]",
         f"postprocess: {{class: 'shouting.stage:{stage}', settings: {{prefix: '[own] '}}}}",

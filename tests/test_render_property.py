@@ -39,6 +39,7 @@ def deployments(draw: st.DrawFn, runnable: bool = False) -> dict[str, Any]:
         "enforce_eager": True,
         "max_model_len": draw(st.sampled_from([256, 512])),
         "kv_cache_memory_bytes": 128 << 20,
+        "gpu_memory_utilization": 0.05,  # on a GPU, several of the suite's engines share it (vLLM on CPU ignores it)
         "disable_log_stats": draw(st.booleans()),
         "max_num_seqs": draw(st.integers(1, 64)),
         "seed": draw(st.integers(0, 2**16)),

@@ -98,9 +98,16 @@ def _unix_socket_paths(pgid: int) -> set[str]:
     return paths
 
 
-def _files_while_serving(server: TritonServer) -> tuple[set[str], set[Path]]:
+def _files_while_serving(server: TritonServer, before: set[Path]) -> tuple[set[str], set[Path]]:
+    """The server's ZMQ sockets and its semaphores; asserts that every semaphore that appeared since `before`
+    carries a server's prefix (this one's, or another test server's: "sem.mp-tvllm...")."""
     sockets = _unix_socket_paths(server.process.pid)
     semaphores = set(Path("/dev/shm").glob(f"sem.{server.sem_prefix}*"))
+    new = set(Path("/dev/shm").glob("sem.mp-*")) - before
+    stray = {p for p in new - semaphores if not p.name.startswith("sem.mp-tvllm")}
+    assert not stray, f"semaphores without a server's prefix: {stray}"
+    # vLLM on CPU creates some (spawned processes); vLLM 0.26 on CUDA, forking its EngineCore, created none
+    assert semaphores or not new, "semaphores appeared, none with the server's prefix: the naming did not reach vLLM"
     return sockets, semaphores
 
 
@@ -113,6 +120,7 @@ def _assert_nothing_left(server: TritonServer, tmp_dir: Path, sockets: set[str],
 
 def test_cancelled_streams_on_the_streaming_ensemble_stay_in_flight_and_stop_does_not_wait(tiny_model, tmp_path):
     log = tmp_path / "tritonserver.log"
+    semaphores_before = set(Path("/dev/shm").glob("sem.mp-*"))
     server = start_server(ROOT / "model_repository", log, exit_timeout_secs=EXIT_TIMEOUT)
     try:
         tmp_dir = server.tmp_dir
@@ -122,10 +130,9 @@ def test_cancelled_streams_on_the_streaming_ensemble_stay_in_flight_and_stop_doe
         _plain_deadlines(server, 2)
         # Inside an ensemble the cancel does not reach the core: each request generates to its end
         assert _wait(lambda: _core_requests_done(server) >= done_before + CANCELLED_STREAMS + 2, 120)
-        sockets, semaphores = _files_while_serving(server)
+        sockets, semaphores = _files_while_serving(server, semaphores_before)
         # vLLM's sockets live in the server's TMPDIR, and the multiprocessing semaphores carry its prefix
         assert sockets and all(Path(p).parent == tmp_dir for p in sockets), sockets
-        assert semaphores, "no semaphore with the server's prefix: the naming did not reach vLLM"
     finally:
         start = time.monotonic()
         server.stop()
@@ -143,6 +150,7 @@ def test_cancelled_streams_on_the_streaming_ensemble_stay_in_flight_and_stop_doe
 def test_bls_entries_leave_nothing_in_flight_and_their_errors_are_the_backends_verbatim(tiny_model, tmp_path):
     repository = render_repository(tmp_path / "repository", entry="bls")
     log = tmp_path / "tritonserver.log"
+    semaphores_before = set(Path("/dev/shm").glob("sem.mp-*"))
     server = start_server(repository, log, exit_timeout_secs=EXIT_TIMEOUT)
     try:
         tmp_dir = server.tmp_dir
@@ -154,7 +162,7 @@ def test_bls_entries_leave_nothing_in_flight_and_their_errors_are_the_backends_v
         assert failure.value.message().startswith(STREAM_ECHO_ERROR)
         _cancel_streams(server, CANCELLED_STREAMS)
         _plain_deadlines(server, 2)
-        sockets, semaphores = _files_while_serving(server)
+        sockets, semaphores = _files_while_serving(server, semaphores_before)
         assert sockets and all(Path(p).parent == tmp_dir for p in sockets), sockets
         time.sleep(2.0)  # the entries' cancel watchers poll every 0.25 s
     finally:
