@@ -1,6 +1,6 @@
 """One vLLM async engine on its own event-loop thread, fed with EngineRequests, streaming EngineResponses.
 
-Triton-free: the core model's adapter (core/triton_models.py) gives each request an `emit` callback and an
+Triton-free: the core model's adapter (core/adapters/core_model.py) gives each request an `emit` callback and an
 `is_cancelled` probe. The engine loop never blocks on Triton: `emit` only enqueues (the adapter sends from
 its own thread, which is what gave the vLLM backend +18%).
 """
