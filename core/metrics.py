@@ -3,7 +3,8 @@
 vLLM calls a stat logger's `record()` on its output-handler task after every engine step. Publishing there
 would put Triton IPC (one round trip per metric update) on the engine's event loop, and Triton 2.51 custom
 metrics updated from several threads at once crashed the server in a probe. So `record()` only adds to a
-`StatsBuffer` under a lock, and ONE publisher thread (core/triton_models.py) drains it into Triton's metrics.
+`StatsBuffer` under a lock, and ONE publisher thread (core/adapters/metrics_publisher.py) drains it into Triton's
+metrics.
 This module is Triton-free, so unit tests reach it.
 """
 

@@ -1,8 +1,9 @@
 """The packages' layering, read from the source with `ast` (nothing is imported): core/ is below the stage
 packages, and the stages never reach into the engine or the Triton adapters.
 
-core/triton_models.py is the one exception on the core side: it loads the stage classes, but by import path at
-run time (core/stage.py's load_stage_class), so even it has no static import of a stage package.
+The Triton adapters (core/adapters/, named by core/triton_models.py) are the one exception on the core side: they
+load the stage classes, but by import path at run time (core/stage.py's load_stage_class), so even they have no
+static import of a stage package.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE_PACKAGES = ("preprocess", "postprocess")
-ENGINE_SIDE = ("core.engine", "core.triton_models")
+ENGINE_SIDE = ("core.engine", "core.triton_models", "core.adapters")
 
 
 def imported_modules(path: Path, root: Path = ROOT) -> set[str]:

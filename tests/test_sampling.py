@@ -200,8 +200,8 @@ def _vllm_accepts(checked: dict) -> None:
     model-dependent checks, such as vocabulary ranges or max_logprobs, are left to the engine)."""
     import vllm.envs
 
-    from core.engine import sampling_param_fields, sampling_params
     from core.protocol import EngineRequest
+    from core.vllm_io import sampling_param_fields, sampling_params
 
     request = EngineRequest.from_json(EngineRequest(sampling=checked).to_json())  # as it travels
     newer = set(checked) - {"lora_name"} - sampling_param_fields()

@@ -82,13 +82,17 @@ def triton_models(monkeypatch: pytest.MonkeyPatch):
     stub = types.ModuleType("triton_python_backend_utils")
     stub.Logger = types.SimpleNamespace(log_info=print, log_warn=print, log_error=print)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-    monkeypatch.delitem(sys.modules, "core.triton_models", raising=False)
+    adapters = [name for name in sys.modules if name == "core.triton_models" or name.startswith("core.adapters")]
+    for name in adapters:
+        monkeypatch.delitem(sys.modules, name)
+    import core.adapters.core_model as core_model
     import core.triton_models as module
 
-    monkeypatch.setattr(module, "Engine", _FakeEngine)
-    monkeypatch.setattr(module, "prepare_process_environment", lambda: None)
+    monkeypatch.setattr(core_model, "Engine", _FakeEngine)
+    monkeypatch.setattr(core_model, "prepare_process_environment", lambda: None)
     yield module
-    monkeypatch.delitem(sys.modules, "core.triton_models", raising=False)
+    for name in [name for name in sys.modules if name == "core.triton_models" or name.startswith("core.adapters")]:
+        monkeypatch.delitem(sys.modules, name, raising=False)
 
 
 def test_the_core_adapter_starts_the_engine_with_the_rendered_settings(tmp_path: Path, triton_models, monkeypatch):

@@ -1,0 +1,177 @@
+"""The Triton adapter of the vLLM core: decoupled, owns the engine, sends from sender threads."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from core.adapters.common import (
+    ABORT_PARAMETER,
+    CANCEL_KEY_PARAMETER,
+    CODE_TAG_PARAMETER,
+    LORA_FILE,
+    GuardedSender,
+    lora_adapters,
+    never_cancelled,
+    request_parameters,
+    string_tensor,
+    triton_error,
+    version_dir,
+)
+from core.adapters.metrics_publisher import TritonMetrics
+from core.coalesce import Outgoing, StreamPacer
+from core.core_stats import CoreStats
+from core.engine import Engine, prepare_process_environment
+from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
+from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
+from core.metrics import stat_logger_factory
+from core.protocol import EngineRequest, EngineResponse
+from core.settings import CoreSettings, load_settings
+
+
+def _emitter(outbox: queue.SimpleQueue[Outgoing | None], sender: Any):
+    def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
+        outbox.put(Outgoing(sender, response, error, final or error is not None))
+
+    return emit
+
+
+class CoreModel:
+    """Decoupled: owns the vLLM engine; one response per engine output (one in all when not streaming)."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.logger = pb_utils.Logger
+        model_dir = version_dir(args)
+        loras = lora_adapters(model_dir / LORA_FILE, Path(args["model_repository"]).parent)
+        settings = load_settings(CoreSettings, model_dir)
+        # The deployment's engine_env, before vLLM reads it; the EngineCore process inherits it.
+        os.environ.update(settings.engine_env)
+        prepare_process_environment()  # before anything imports vLLM
+        self._metrics: TritonMetrics | None = None
+        stat_loggers = None
+        if settings.metrics:
+            self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
+            stat_loggers = [stat_logger_factory(self._metrics.buffer)]
+        self.engine = Engine(
+            load_engine_args(model_dir / ENGINE_ARGS_FILE),
+            lora_adapters=loras,
+            stat_loggers=stat_loggers,
+            # Triton 2.51's Python backend cannot mark the model not ready: the engine restarts itself instead.
+            restart=settings.health,
+        )
+        self.engine.start()
+        if self._metrics is not None:
+            self._metrics.start()
+        # Responses are built and sent from sender threads, so the engine's event loop never waits on Triton IPC,
+        # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py). Each send is a blocking
+        # round trip to tritonserver with the GIL released (python_backend's ResponseSender::Send): several
+        # threads keep several round trips in flight. A request stays on one thread, so its order holds.
+        self.stream_interval = settings.stream_interval_ms / 1000
+        if settings.core.switch_interval_ms > 0:
+            # A thread back from a GIL-free wait (an IPC round trip, a request arriving) waits for the GIL up to
+            # the switch interval while the engine loop computes. Set after the engine started: a forked
+            # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
+            sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
+        self.stats = CoreStats.from_environment(self.logger)
+        self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
+            queue.SimpleQueue() for _ in range(settings.core.sender_threads)
+        ]
+        self._next_outbox = itertools.count()
+        self._sender_threads = [
+            threading.Thread(target=self._send_loop, args=(outbox,), name=f"vllm-core-sender-{i}", daemon=True)
+            for i, outbox in enumerate(self._outboxes)
+        ]
+        for thread in self._sender_threads:
+            thread.start()
+
+    # At most this many queued responses are coalesced per pass, so one pass never holds the others for long.
+    MAX_DRAIN = 1024
+
+    def _send_loop(self, outbox: queue.SimpleQueue[Outgoing | None]) -> None:
+        """Send each request's queued responses merged, at most one per stream interval (core/coalesce.py)."""
+        pacer = StreamPacer(self.stream_interval)
+        stopping = False
+        while not stopping or pacer:
+            batch: list[Outgoing | None] = []
+            try:
+                batch.append(outbox.get(timeout=pacer.wait_seconds(time.monotonic())))
+                while len(batch) < self.MAX_DRAIN:
+                    batch.append(outbox.get_nowait())
+            except queue.Empty:
+                pass
+            for item in batch:
+                if item is None:
+                    stopping = True
+                else:
+                    pacer.add(item)
+            for item in pacer.take_due(time.monotonic(), everything=stopping):
+                self._send(item)
+
+    def _send(self, item: Outgoing) -> None:
+        try:
+            if item.error is not None:
+                response = pb_utils.InferenceResponse(error=triton_error(item.error, item.sender.tagged))
+            elif item.response is not None:
+                tensor = string_tensor(ENGINE_RESPONSE.name, item.response.to_json())
+                response = pb_utils.InferenceResponse(output_tensors=[tensor])
+            else:
+                response = None
+            start = time.perf_counter()
+            item.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if item.final else 0)
+            if self.stats is not None:
+                self.stats.sent(time.perf_counter() - start)
+        except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
+            self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
+
+    def execute(self, requests: list[Any]) -> None:
+        # Measured on the H100 (README "Performance on a GPU"): each execute is a ~1 ms round trip between
+        # tritonserver and this stub whatever it does (moving the parsing below to a thread of its own changed
+        # nothing), so requests that arrive together queue for it.
+        if self.stats is not None:
+            self.stats.executed(len(requests))
+        for request in requests:
+            self._admit(request)
+        return None
+
+    def _admit(self, request: Any) -> None:
+        outbox = self._outboxes[next(self._next_outbox) % len(self._outboxes)]
+        sender = GuardedSender(request.get_response_sender())
+        parameters = request_parameters(request)
+        # A BLS caller (an entry model or generate) gets error codes in the message (see child_error)
+        sender.tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
+        if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
+            for key in str(parameters[ABORT_PARAMETER]).split(","):
+                self.engine.cancel_key(key)
+            outbox.put(Outgoing(sender, None, None, True))
+            return
+        try:
+            tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
+            engine_request = EngineRequest.from_json(tensor.as_numpy().reshape(-1)[0])
+        except Exception as exc:  # noqa: BLE001
+            outbox.put(Outgoing(sender, None, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"), True))
+            return
+        key = str(parameters.get(CANCEL_KEY_PARAMETER, ""))
+        # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
+        # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
+        # models see the client's cancel and abort by key instead.
+        self.engine.submit(engine_request, _emitter(outbox, sender), never_cancelled, key=key)
+
+    def finalize(self) -> None:
+        self.engine.shutdown()
+        if self._metrics is not None:
+            self._metrics.stop()
+        for outbox in self._outboxes:
+            outbox.put(None)
+        for thread in self._sender_threads:
+            thread.join(timeout=10)
+        if self.stats is not None:
+            self.stats.stop()

@@ -1,0 +1,192 @@
+"""The `entry: bls` public models: the stages in-process and the core by BLS, so a client's cancel reaches the
+engine."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from core.adapters.common import (
+    ABORT_PARAMETER,
+    CANCEL_KEY_PARAMETER,
+    ENTRY_STAGES_FILE,
+    STAGE_PATH_KEYS,
+    child_error,
+    load_stage_from_spec,
+    request_parameters,
+    string_tensor,
+    triton_error,
+    version_dir,
+)
+from core.adapters.generate_model import GenerateModel
+from core.engine_config import resolve_paths
+from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
+from core.protocol import EngineResponse, merge_responses
+from core.settings import EntrySettings
+
+
+class EntryModel(GenerateModel):
+    """A public entry that is not an ensemble: preprocess and postprocess stages run in-process, the core by BLS.
+
+    Why (docs/platform-notes.md T5, measured on Triton 2.51): a client's cancel (gRPC stream cancel, SSE disconnect,
+    plain-request timeout) reaches only the top-level model of its request. Inside an ensemble no step sees
+    it (`is_cancelled()` stays false, `send` keeps succeeding), and a BLS iterator has no `cancel()`. This
+    model is the top level, so a watcher thread polls each request's `is_cancelled()` and aborts its core
+    request with a control request carrying the request's cancel key. settings.json's `stream` makes it the
+    decoupled streaming entry (one response per delta) or the plain one (one merged response).
+    """
+
+    CANCEL_POLL_SECONDS = 0.25
+    SETTINGS = EntrySettings
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        super().initialize(args)
+        self.streaming = self.settings.stream
+        spec = json.loads((version_dir(args) / ENTRY_STAGES_FILE).read_text())
+        repository_root = Path(args["model_repository"]).parent
+        self.stages = {}
+        for role in ("preprocess", "postprocess"):
+            stage_class = load_stage_from_spec(spec[role], repository_root)
+            stage = stage_class(resolve_paths(spec[role].get("settings", {}), repository_root, STAGE_PATH_KEYS))
+            self.stages[role] = (
+                stage,
+                [t.name for t in stage_class.inputs],
+                {t.name: t.numpy_dtype for t in stage_class.outputs},
+            )
+        self._live: dict[str, Any] = {}  # cancel key -> response sender, for the watcher
+        self._live_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._probes = ThreadPoolExecutor(max_workers=32, thread_name_prefix="entry-cancel-probe")
+        self._watcher = threading.Thread(target=self._watch, name="entry-cancel-watch", daemon=True)
+        self._watcher.start()
+
+    def _run_stage(self, role: str, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
+        stage, _, output_types = self.stages[role]
+        outputs = stage.process(inputs, parameters)
+        return [pb_utils.Tensor(name, np.asarray(value, dtype=output_types[name])) for name, value in outputs.items()]
+
+    def _serve(self, request: Any, sender: Any) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            self._entry(request, sender)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the model down
+            if not isinstance(exc, (InvalidInput, Unavailable)):
+                self.logger.log_error(f"entry failed: {traceback.format_exc()}")
+            sender.send(pb_utils.InferenceResponse(error=triton_error(exc)), flags=final)
+
+    def _entry(self, request: Any, sender: Any) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        _, input_names, _ = self.stages["preprocess"]
+        inputs = {}
+        for name in input_names:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        (engine_request,) = self._run_stage("preprocess", inputs, request_parameters(request))
+        key = f"{uuid.uuid4().hex}"
+        child = pb_utils.InferenceRequest(
+            model_name=self.core_model,
+            inputs=[engine_request],
+            requested_output_names=[ENGINE_RESPONSE.name],
+            parameters={CANCEL_KEY_PARAMETER: key},
+        )
+        with self._live_lock:  # before exec: a cancel that comes while exec waits must be seen too
+            self._live[key] = sender
+        try:
+            iterator = child.exec(decoupled=True)
+            deltas: list[EngineResponse] = []
+            error = None
+            last: list[Any] | None = None  # a stream's last outputs: sent with FINAL after the release barrier
+            abandoned = False
+            for child_response in iterator:
+                if child_response.has_error():
+                    error = child_response.error()
+                    continue
+                tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
+                if tensor is None:
+                    continue
+                delta = EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0])
+                if self.streaming:
+                    if abandoned:
+                        continue  # drain the core's remaining responses; the abort is on its way
+                    outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: tensor.as_numpy()}, {})
+                    if delta.finished:
+                        last = outputs
+                        continue
+                    try:
+                        sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
+                    except Exception:  # noqa: BLE001 - the client is gone (a cancelled stream refuses sends)
+                        abandoned = True
+                        if self._claim(key):
+                            self._abort([key], sender)
+                else:
+                    deltas.append(delta)
+        finally:
+            with self._live_lock:
+                self._live.pop(key, None)
+        self._release(iterator, sender)
+        if abandoned or sender.closed:
+            return
+        if error is not None:
+            sender.send(pb_utils.InferenceResponse(error=child_error(error)), flags=final)
+            return
+        if self.streaming:
+            # docs/platform-notes.md T8: the last data travels with FINAL (a bare FINAL only if the core sent none)
+            sender.send(None if last is None else pb_utils.InferenceResponse(output_tensors=last), flags=final)
+            return
+        if not deltas:
+            raise Unavailable(f"{self.core_model} returned no response")
+        merged = np.array([merge_responses(deltas).to_json().encode("utf-8")], dtype=np.object_)
+        outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: merged}, {})
+        sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=final)
+
+    def _watch(self) -> None:
+        while not self._closing.wait(self.CANCEL_POLL_SECONDS):
+            with self._live_lock:
+                live = list(self._live.items())
+            start = time.monotonic()
+            # Probed in parallel: each probe is an IPC round trip that queues behind the stub's response
+            # traffic (measured ~0.3 s each with 160 busy streams, so a serial sweep of 177 took 51 s).
+            flags = list(self._probes.map(lambda item: item[1].is_cancelled(), live))
+            cancelled = [
+                (key, sender) for (key, sender), flag in zip(live, flags, strict=True) if flag and self._claim(key)
+            ]
+            if cancelled:  # one control request for the whole sweep: BLS calls are slow in a busy stub
+                self._abort([key for key, _ in cancelled], cancelled[0][1])
+                self.logger.log_info(
+                    f"entry: aborted {len(cancelled)} cancelled of {len(live)} requests"
+                    f" in {time.monotonic() - start:.2f} s"
+                )
+
+    def _claim(self, key: str) -> bool:
+        """True for the one caller that gets to abort this key (the watcher or a failed send)."""
+        with self._live_lock:
+            return self._live.pop(key, None) is not None
+
+    def _abort(self, keys: list[str], sender: Any) -> None:
+        control = pb_utils.InferenceRequest(
+            model_name=self.core_model,
+            inputs=[string_tensor(ENGINE_REQUEST.name, "{}")],
+            requested_output_names=[ENGINE_RESPONSE.name],
+            parameters={ABORT_PARAMETER: ",".join(keys)},
+        )
+        try:
+            iterator = control.exec(decoupled=True)
+            for _ in iterator:
+                pass
+            self._release(iterator, sender)  # the sender is cancelled: the iterator is parked (see _release)
+        except Exception:  # noqa: BLE001 - the core is gone: nothing left to abort
+            self.logger.log_warn(f"entry: aborting {keys} failed: {traceback.format_exc()}")
+
+    def finalize(self) -> None:
+        self._closing.set()
+        super().finalize()
