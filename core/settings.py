@@ -1,6 +1,6 @@
 """What the core, generate and entry adapters read from a rendered repository: one typed model per consumer.
 
-The renderer (repo_render/render.py) writes `settings.json` next to each of these models' model.py from the
+The renderer (repo_render/repository.py) writes `settings.json` next to each of these models' model.py from the
 models below, and the adapters (core/adapters/) read it back with `model_validate_json`. Every default and
 bound of these settings lives here only: the deployment schema (repo_render/schema.py) takes `metrics`,
 `engine_env`, `stream_interval_ms`, `health` and `core` from CoreSettings, and the engine's RestartPolicy is

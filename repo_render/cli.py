@@ -20,6 +20,7 @@ from pathlib import Path
 from repo_render.checks import load_deployment
 from repo_render.repository import drift, render, write
 from repo_render.schema import DEFAULT_CONFIG, DEFAULT_OUT, ConfigError
+from repo_render.substitute import set_argument
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
-        "--set", action="append", default=[], metavar="NAME=VALUE", help="the value of ${NAME} in the config"
+        "--set",
+        action="append",
+        default=[],
+        type=set_argument,
+        metavar="NAME=VALUE",
+        help="the value of ${NAME} in the config",
     )
     parser.add_argument(
         "--relative-model-paths",
@@ -39,12 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 if --out differs from the rendering")
     mode.add_argument("--dry-run", action="store_true", help="list the files that would be written")
     args = parser.parse_args(argv)
-    variables = {}
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--set {item!r}: expected NAME=VALUE")
-        variables[name] = value
+    variables = dict(args.set)
     try:
         files = render(load_deployment(args.config, variables), args.out, args.relative_model_paths)
     except ConfigError as exc:

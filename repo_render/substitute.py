@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Any
 
@@ -10,6 +11,14 @@ import yaml
 from repo_render.schema import ConfigError
 
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+
+
+def set_argument(text: str) -> tuple[str, str]:
+    """argparse `type=` of every command's `--set NAME=VALUE` (`dict()` of the list is the variables)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return name, value
 
 
 def substitute(doc: Any, variables: dict[str, str], where: str = "") -> Any:

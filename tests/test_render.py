@@ -373,3 +373,10 @@ def test_local_paths_inside_the_outputs_project_stay_relative(tmp_path: Path):
     # A path inside the output itself is relative to it in any case.
     inside = render(load_deployment(_config(tmp_path, "model: ./repo/m\n")), tmp_path / "repo")
     assert json.loads(inside["vllm_core/1/model.json"])["model"] == "./m"
+
+
+@pytest.mark.parametrize("item", ["MODEL", "=org/name"])
+def test_a_set_without_name_and_value_is_a_usage_error(item: str, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--set", item])
+    assert exited.value.code == 2 and "expected NAME=VALUE" in capsys.readouterr().err

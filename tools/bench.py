@@ -59,6 +59,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
+from repo_render.substitute import set_argument  # noqa: E402
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
 from tools.triton_server import (  # noqa: E402
@@ -848,7 +849,9 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deployment", type=Path, help="the deployment file to render and measure")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="${NAME} in the file")
+    parser.add_argument(
+        "--set", action="append", default=[], type=set_argument, metavar="NAME=VALUE", help="${NAME} in the file"
+    )
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
     parser.add_argument("--max-tokens", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every level, inside one engine start")
@@ -872,12 +875,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_file, out_file = args.bare_worker
         out_file.write_text(json.dumps(asyncio.run(bare_worker(json.loads(spec_file.read_text())))))
         return 0
-    args.variables = {}
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--set {item!r}: expected NAME=VALUE")
-        args.variables[name] = value
+    args.variables = dict(args.set)
 
     started = time.time()
     results_file = args.out / "results.json"

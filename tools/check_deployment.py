@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from repo_render import ConfigError, load_deployment, render, write  # noqa: E402
+from repo_render.substitute import set_argument  # noqa: E402
 from tools.triton_server import start_on_free_ports  # noqa: E402
 
 PROMPT = "What is Triton Inference Server?"
@@ -211,14 +212,15 @@ def check(repository: Path, plain: str, streaming: str, max_tokens: int, log_fil
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("deployment", type=Path)
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="${NAME} in the file")
+    parser.add_argument(
+        "--set", action="append", default=[], type=set_argument, metavar="NAME=VALUE", help="${NAME} in the file"
+    )
     parser.add_argument("--out", type=Path, help="where to render (default: a temporary folder)")
     parser.add_argument("--report", type=Path, help="also write the report here (JSON)")
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args(argv)
-    variables = dict(item.split("=", 1) for item in args.set)
     try:
-        deployment = load_deployment(args.deployment, variables)
+        deployment = load_deployment(args.deployment, dict(args.set))
     except ConfigError as exc:
         print(f"check_deployment: {args.deployment}: {exc}", file=sys.stderr)
         return 2

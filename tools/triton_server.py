@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from core.process_names import SEM_PREFIX_ENV  # plain Python: importing it starts no vLLM
+
 ROOT = Path(__file__).resolve().parent.parent
 # The Python backend's thread-pool-size (default 32) caps the BLS calls in flight in a stub: measured on 2.51,
 # the plain path never had more than 32 requests in the engine, at any client concurrency. The deployment's
@@ -84,9 +86,6 @@ def pytriton_root() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("nvidia-pytriton is not installed; run tools/setup_env.sh")
     return Path(spec.submodule_search_locations[0]) / "tritonserver"
-
-
-SEM_PREFIX_ENV = "TRITON_VLLM_SEM_PREFIX"  # core/process_names.py (not imported: the launcher imports no vLLM)
 
 
 def server_environment(tmp_dir: Path | None = None, sem_prefix: str | None = None) -> dict[str, str]:
