@@ -26,7 +26,7 @@ def _model_py(adapter: str, role: str) -> str:
 def _json(doc: Any) -> str:
     # ASCII only (non-ASCII as \uXXXX escapes): the 2.51 Python-backend stub runs with LC_CTYPE=C, where the
     # adapters' Path.read_text() decodes as ASCII; a "ü" in stage.json made a model fail to load (found by
-    # tests/test_render_property.py).
+    # tests/integration/test_render_property.py).
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 

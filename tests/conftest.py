@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from core.engine import Engine
-from tests.triton_helpers import REFERENCE_MAX_TOKENS, REFERENCE_PROMPTS
+from tests.support.triton_helpers import REFERENCE_MAX_TOKENS, REFERENCE_PROMPTS
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL_DIR
 from tools.build_tiny_model import build as build_tiny_model
 from tools.triton_server import TritonServer, start_on_free_ports

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tritonclient.grpc as grpcclient
 
-    from tests.triton_helpers import REFERENCE_PROMPTS, grpc_infer, grpc_inputs, grpc_stream, text_of
+    from tests.support.triton_helpers import REFERENCE_PROMPTS, grpc_infer, grpc_inputs, grpc_stream, text_of
     from tools.triton_server import TritonServer, free_port
 
     with tempfile.TemporaryDirectory(prefix="order-probe-") as tmp:

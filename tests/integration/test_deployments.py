@@ -1,9 +1,9 @@
 """The CPU-runnable example deployments and a deployment's own stage, served by one real tritonserver (real
 Python backend, real vLLM CPU engines: one per deployment) answering real requests.
 
-The tiny default example renders the checked-in repository (tests/test_examples.py), which the session server
-of tests/test_server.py serves; tests/test_vision.py serves the vision-language example; the GPU examples are
-rendered only.
+The tiny default example renders the checked-in repository (tests/unit/test_examples.py), which the session server
+of tests/integration/test_server.py serves; tests/integration/test_vision.py serves the vision-language example; the
+GPU examples are rendered only.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from repo_render import ROOT, load_deployment
-from tests.deployment_helpers import render_together, start_server, with_own_internal_names
-from tests.triton_helpers import grpc_infer, http_generate, sse_events
+from tests.support.deployment_helpers import render_together, start_server, with_own_internal_names
+from tests.support.triton_helpers import grpc_infer, http_generate, sse_events
 from tools.build_tiny_lora import build as build_tiny_lora
 
 EXAMPLES = ROOT / "deployments" / "examples"
@@ -30,7 +30,7 @@ engine_args: {{enforce_eager: true, max_model_len: 512, kv_cache_memory_bytes: 2
   disable_log_stats: true}}
 preprocess: {{class: raw}}
 postprocess:
-  class: tests.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path
+  class: tests.support.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path
   settings: {{prefix: "[grüße] "}}                       # non-ASCII: the stub reads stage.json as ASCII
 names: {{plain: custom_model, streaming: custom_model_stream}}
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STAGE_PACKAGES = ("preprocess", "postprocess")
 ENGINE_SIDE = ("core.engine", "core.triton_models", "core.adapters")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from repo_render import ROOT, main
-from tests.deployment_helpers import own_deployment
+from tests.support.deployment_helpers import own_deployment
 from tools.serve import choose_model, new_log_file
 from tools.triton_server import free_ports, load_failures
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from core.interface import STREAM_ECHO_ERROR
-from tests.reliability_helpers import ROOT, render_repository, start_server
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
+from tests.support.reliability_helpers import ROOT, render_repository, start_server
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
 from tools.triton_server import TritonServer
 
 pytestmark = pytest.mark.server

@@ -23,8 +23,8 @@ import time
 import aiohttp
 import pytest
 
-from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_inputs
+from tests.support.reliability_helpers import render_repository, scrape, start_server, vllm_metric
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_inputs
 from tools.triton_server import process_table
 
 pytestmark = pytest.mark.server

@@ -12,7 +12,15 @@ import time
 import numpy as np
 import pytest
 
-from tests.triton_helpers import PLAIN_MODEL, REFERENCE_PROMPTS, env_int, grpc_infer, grpc_inputs, stub_pids, text_of
+from tests.support.triton_helpers import (
+    PLAIN_MODEL,
+    REFERENCE_PROMPTS,
+    env_int,
+    grpc_infer,
+    grpc_inputs,
+    stub_pids,
+    text_of,
+)
 
 pytestmark = pytest.mark.server
 

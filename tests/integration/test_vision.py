@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 import repo_render
-from tests.test_chat import run_offline
-from tests.triton_helpers import http_generate
+from tests.integration.test_chat import run_offline
+from tests.support.triton_helpers import http_generate
 from tools.build_tiny_llava import DEFAULT_OUT as TINY_LLAVA_DIR
 from tools.build_tiny_llava import build as build_tiny_llava
 from tools.triton_server import start_on_free_ports
@@ -176,7 +176,7 @@ def test_image_tensor_with_text_input_equals_llm_generate(vlm_server, vlm_offlin
 def test_streaming_image_chat_equals_llm_chat(vlm_server, vlm_offline):
     import tritonclient.grpc as grpcclient
 
-    from tests.triton_helpers import grpc_stream
+    from tests.support.triton_helpers import grpc_stream
 
     inputs = []
     for name, array in {

@@ -21,8 +21,8 @@ import requests
 import yaml
 
 from repo_render import DEFAULT_CONFIG
-from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_infer, grpc_inputs, text_of
+from tests.support.reliability_helpers import render_repository, scrape, start_server, vllm_metric
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_infer, grpc_inputs, text_of
 
 pytestmark = pytest.mark.server
 
@@ -180,7 +180,7 @@ _CLIENT = """
 import sys, threading, time
 import requests
 import tritonclient.grpc as grpcclient
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs
 
 url, http_url, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
 long = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}
@@ -201,7 +201,7 @@ def test_killed_client_aborts_its_engine_requests(bls_server):
     import subprocess
     import sys
 
-    from tests.reliability_helpers import ROOT
+    from tests.support.reliability_helpers import ROOT
 
     tokens_before = generated_tokens(bls_server)
     client = subprocess.Popen(

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL
 
 CONTEXT = 512  # max_model_len of the default deployment
 

@@ -1,6 +1,7 @@
 """Every example deployment renders (what CI checks for the GPU-only ones); the CPU-runnable ones are served for
-real: tiny.yaml is the session server's repository (tests/test_server.py), multi-lora.yaml and openai.yaml are
-served by tests/test_deployments.py, vision-language.yaml by tests/test_vision.py."""
+real: tiny.yaml is the session server's repository (tests/integration/test_server.py), multi-lora.yaml and
+openai.yaml are served by tests/integration/test_deployments.py, vision-language.yaml by
+tests/integration/test_vision.py."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def test_vision_language_example_passes_image_limits_to_preprocess(tmp_path: Pat
     assert settings["image_placeholder"] == "<image>"
     engine_args = json.loads(files["vllm_core/1/model.json"])
     assert engine_args["limit_mm_per_prompt"] == {"image": 2}
-    assert engine_args["dtype"] == "float32"  # tests/test_vision.py compares its answers exactly with vLLM offline
+    # tests/integration/test_vision.py compares its answers exactly with vLLM offline
+    assert engine_args["dtype"] == "float32"
 
 
 def test_openai_example_outputs_one_chat_completion_tensor(tmp_path: Path):

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2
 
 from repo_render import load_deployment, render
-from tests.deployment_helpers import render_together, start_server, with_own_internal_names
-from tests.triton_helpers import http_generate, sse_events
+from tests.support.deployment_helpers import render_together, start_server, with_own_internal_names
+from tests.support.triton_helpers import http_generate, sse_events
 from tools.build_tiny_lora import DEFAULT_OUT as TINY_LORA
 from tools.build_tiny_lora import build as build_tiny_lora
 from tools.build_tiny_model import CHAT_TEMPLATE
@@ -59,7 +59,7 @@ def deployments(draw: st.DrawFn, runnable: bool = False) -> dict[str, Any]:
     }
     if draw(st.booleans()):
         config["postprocess"] = {
-            "class": "tests.custom_stages:ShoutingPostprocessor",
+            "class": "tests.support.custom_stages:ShoutingPostprocessor",
             "settings": {"prefix": draw(st.text(max_size=8))},
         }
     if draw(st.booleans()):
@@ -193,7 +193,7 @@ def test_the_tree_check_fails_on_wiring_triton_refuses(tmp_path: Path, monkeypat
     import repo_render.repository
 
     monkeypatch.setattr(repo_render.repository, "check_wiring", lambda *args: None)
-    config = {"model": "./m", "postprocess": {"class": "tests.custom_stages:NeedsRequestInput"}}
+    config = {"model": "./m", "postprocess": {"class": "tests.support.custom_stages:NeedsRequestInput"}}
     files = render(_load(config, tmp_path), tmp_path / "repo")
     with pytest.raises(AssertionError, match=r"postprocess is not fed \{'stream'\}"):
         check_tree_as_triton_would(files)

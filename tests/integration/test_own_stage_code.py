@@ -11,14 +11,14 @@ import pytest
 
 from core.stage import load_stage_class
 from repo_render import ConfigError, load_deployment, main, render
-from tests.deployment_helpers import (
+from tests.support.deployment_helpers import (
     own_deployment,
     render_together,
     start_server,
     with_own_internal_names,
     write_own_code,
 )
-from tests.triton_helpers import grpc_infer, sse_events
+from tests.support.triton_helpers import grpc_infer, sse_events
 
 PROMPT = "The quick brown fox"
 GREEDY = {"temperature": 0, "max_tokens": 12}

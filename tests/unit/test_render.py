@@ -130,56 +130,56 @@ def _config(tmp_path: Path, text: str) -> Path:
         ("model: ./m\npreprocess: {instances: 0}\n", "preprocess.instances: must be >= 1"),
         ("model: ./m\nnames: {plain: x, streaming: x}\n", "names: model names must differ, ['x'] used twice"),
         ("model: ./m\nnames: {core: preprocess}\n", "names: model names must differ, ['preprocess'] used twice"),
-        # Stages that do not fit their neighbours or the ensembles (tests/custom_stages.py).
+        # Stages that do not fit their neighbours or the ensembles (tests/support/custom_stages.py).
         (
-            "model: ./m\npreprocess: {class: 'tests.custom_stages:NoEngineRequest'}\n",
+            "model: ./m\npreprocess: {class: 'tests.support.custom_stages:NoEngineRequest'}\n",
             "preprocess.class: NoEngineRequest outputs ['prompt_ids'], but the core (vllm_core) consumes"
             " 'engine_request' (TYPE_STRING [1]): the preprocess stage must output it",
         ),
         (
-            "model: ./m\npreprocess: {class: 'tests.custom_stages:EngineRequestAsInts'}\n",
+            "model: ./m\npreprocess: {class: 'tests.support.custom_stages:EngineRequestAsInts'}\n",
             "preprocess.class: EngineRequestAsInts outputs 'engine_request' as TYPE_INT32 [-1]; the core (vllm_core)"
             " takes TYPE_STRING [1]",
         ),
         (
-            "model: ./m\npreprocess: {class: 'tests.custom_stages:ExtraOutput'}\n",
+            "model: ./m\npreprocess: {class: 'tests.support.custom_stages:ExtraOutput'}\n",
             "preprocess.class: ExtraOutput outputs ['stream_flag'], which no step consumes",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:NeedsRequestInput'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:NeedsRequestInput'}\n",
             "postprocess.class: NeedsRequestInput needs ['stream'], which the core (vllm_core) does not produce",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:NeedsRequestInput'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:NeedsRequestInput'}\n",
             "(Triton refuses an ensemble step that mixes a decoupled step's outputs with other tensors at load time)",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:EngineResponseAsFloat'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:EngineResponseAsFloat'}\n",
             "postprocess.class: EngineResponseAsFloat takes 'engine_response' as TYPE_FP32 [1]; the core outputs"
             " TYPE_STRING [1]",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:EchoesAnInput'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:EchoesAnInput'}\n",
             "['text_input'] would be both an input and an output of the ensembles",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:Decoupled'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:Decoupled'}\n",
             "postprocess.class: Decoupled declares decoupled = True",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:TwiceTheSameOutput'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:TwiceTheSameOutput'}\n",
             "postprocess.class: TwiceTheSameOutput.outputs declares ['text_output'] more than once",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:UnknownDataType'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:UnknownDataType'}\n",
             "postprocess.class: UnknownDataType tensor 'score' has type 'TYPE_FP64'; use one of",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:NoOutputs'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:NoOutputs'}\n",
             "postprocess.class: NoOutputs.outputs is empty",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:NotSpecs'}\n",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:NotSpecs'}\n",
             "postprocess.class: NotSpecs.inputs must be a tuple of core.interface.TensorSpec",
         ),
         ("model: ./m\nengine_env: {A: 1}\n", "engine_env.A: expected str, got int 1"),
@@ -189,8 +189,8 @@ def _config(tmp_path: Path, text: str) -> Path:
             "engine_env.BAD-NAME: not an environment variable name",
         ),
         (
-            "model: ./m\npostprocess: {class: 'tests.custom_stages:Missing'}\n",
-            "module 'tests.custom_stages' has no attribute 'Missing'",
+            "model: ./m\npostprocess: {class: 'tests.support.custom_stages:Missing'}\n",
+            "module 'tests.support.custom_stages' has no attribute 'Missing'",
         ),
     ],
 )
@@ -302,7 +302,7 @@ def test_rendered_files_are_ascii_so_the_stub_can_read_them(tmp_path: Path):
     config = _config(
         tmp_path,
         "model: ./modèle\nchat_template: {inline: '{{ \"¡hola!\" }}'}\n"
-        "postprocess: {class: 'tests.custom_stages:ShoutingPostprocessor', settings: {prefix: 'grüße 😀'}}\n",
+        "postprocess: {class: 'tests.support.custom_stages:ShoutingPostprocessor', settings: {prefix: 'grüße 😀'}}\n",
     )
     files = render(load_deployment(config), tmp_path / "repo")
     for rel, text in files.items():

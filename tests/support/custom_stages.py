@@ -1,7 +1,7 @@
-"""Stage classes a deployment can point at by import path (`tests.custom_stages:Class`).
+"""Stage classes a deployment can point at by import path (`tests.support.custom_stages:Class`).
 
-`ShoutingPostprocessor` is served for real by tests/test_deployments.py; the others are each wrong in one way
-the renderer must refuse (tests/test_render.py).
+`ShoutingPostprocessor` is served for real by tests/integration/test_deployments.py; the others are each wrong in
+one way the renderer must refuse (tests/unit/test_render.py).
 """
 
 from __future__ import annotations

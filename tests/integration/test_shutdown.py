@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability_helpers import render_repository, start_server
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, process_group_members
+from tests.support.reliability_helpers import render_repository, start_server
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, process_group_members
 
 pytestmark = pytest.mark.server
 

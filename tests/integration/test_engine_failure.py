@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.reliability_helpers import render_repository, scrape, start_server, vllm_metric
-from tests.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
+from tests.support.reliability_helpers import render_repository, scrape, start_server, vllm_metric
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
 
 pytestmark = pytest.mark.server
 

@@ -11,7 +11,7 @@ import yaml
 import repo_render
 from tools.triton_server import TritonServer, start_on_free_ports
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def render_repository(out: Path, *, entry: str = "bls", **overrides: object) -> Path:

@@ -1,6 +1,6 @@
 """The core's restart policy (core/engine.py Engine._supervise) without Triton or vLLM: the vLLM engine is
 replaced by a stand-in whose `errored` flag the test sets, and whose start can be made to fail. That lets the
-bounds and the backoff be checked quickly; tests/test_engine_failure.py kills a real EngineCore under a real
+bounds and the backoff be checked quickly; tests/integration/test_engine_failure.py kills a real EngineCore under a real
 tritonserver for the end-to-end behaviour."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from core.interface import STREAM_ECHO_ERROR
-from tests.hostile_requests import CONTEXT
-from tests.triton_helpers import (
+from tests.support.hostile_requests import CONTEXT
+from tests.support.triton_helpers import (
     GREEDY,
     PLAIN_MODEL,
     REFERENCE_PROMPTS,

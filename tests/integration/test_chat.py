@@ -13,10 +13,17 @@ import numpy as np
 import pytest
 
 from preprocess.default import Preprocessor
-from tests.chat_cases import CHAT_CASES
-from tests.triton_helpers import GREEDY, PLAIN_MODEL, REFERENCE_MAX_TOKENS, STREAM_MODEL, grpc_stream, http_generate
+from tests.support.chat_cases import CHAT_CASES
+from tests.support.triton_helpers import (
+    GREEDY,
+    PLAIN_MODEL,
+    REFERENCE_MAX_TOKENS,
+    STREAM_MODEL,
+    grpc_stream,
+    http_generate,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_JSON = ROOT / "model_repository" / "vllm_core" / "1" / "model.json"
 # The default deployment refuses per-request templates: those cases go through the stage only.
 SERVED = [i for i, case in enumerate(CHAT_CASES) if "chat_template" not in case["options"]]

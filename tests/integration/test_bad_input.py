@@ -1,6 +1,6 @@
 """Hostile requests get an error naming the problem, in bounded time, while valid requests keep succeeding.
 
-The corpus is tests/hostile_requests.py; the fuzz test sends hypothesis-generated /generate bodies. Both run
+The corpus is tests/support/hostile_requests.py; the fuzz test sends hypothesis-generated /generate bodies. Both run
 against the shared server, with a background stream of valid requests that must all succeed.
 """
 
@@ -16,8 +16,8 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.hostile_requests import CASES, FRONTEND_PARSE_ERRORS, GRPC_BYTES_CASES, Case
-from tests.triton_helpers import PLAIN_MODEL, env_int
+from tests.support.hostile_requests import CASES, FRONTEND_PARSE_ERRORS, GRPC_BYTES_CASES, Case
+from tests.support.triton_helpers import PLAIN_MODEL, env_int
 
 pytestmark = pytest.mark.server
 
@@ -134,7 +134,7 @@ def test_fuzzed_generate_bodies_get_an_answer_never_a_crash(server, steady_valid
         timeout=BOUND_SECONDS,
     )
     assert reply.status_code in (200, 400, 500), f"{body!r}: {reply.status_code} {reply.text[:300]}"
-    if reply.status_code == 500:  # only Triton's own JSON-to-tensor errors (tests/hostile_requests.py)
+    if reply.status_code == 500:  # only Triton's own JSON-to-tensor errors (tests/support/hostile_requests.py)
         error = reply.json()["error"]
         assert any(f in error for f in FRONTEND_PARSE_ERRORS) and not error.startswith("internal error"), error
     if reply.status_code == 400:

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.triton_helpers import GREEDY, REFERENCE_PROMPTS, grpc_infer, grpc_inputs, grpc_stream, text_of
+from tests.support.triton_helpers import GREEDY, REFERENCE_PROMPTS, grpc_infer, grpc_inputs, grpc_stream, text_of
 
 pytestmark = pytest.mark.server
 

@@ -17,7 +17,7 @@ from core.interface import InvalidInput
 from preprocess.chat import detect_content_format
 from preprocess.default import Preprocessor
 from preprocess.images import ImageLimits, decode_image, decode_images
-from tests.chat_cases import STRING_TEMPLATE
+from tests.support.chat_cases import STRING_TEMPLATE
 
 USER_HI = [{"role": "user", "content": "hi"}]
 

@@ -1,0 +1,1 @@
+"""Helpers the tests import: clients, deployments, reliability checks, request corpora, stage classes."""

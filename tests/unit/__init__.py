@@ -1,0 +1,1 @@
+"""Unit tests: no tritonserver and no vLLM engine (`pytest tests/unit`, or `pytest -m "not server"`)."""
