@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from core.engine_config import resolve_path, resolve_paths
-from core.interface import InvalidInput, Unavailable
+from core.interface import ENGINE_RESPONSE, InvalidInput, Unavailable
+from core.protocol import EngineResponse
 from core.stage import load_stage_class
 
 STAGE_FILE = "stage.json"
@@ -60,6 +62,26 @@ def request_parameters(request: Any) -> dict[str, Any]:
 
 def string_tensor(name: str, text: str) -> Any:
     return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+
+
+class CoreResponses:
+    """The core's responses to one BLS request, read to the end: each as its ENGINE_RESPONSE array and the parsed
+    EngineResponse. A response with an error is not yielded but kept in `error` (the last one), and reading goes on,
+    so the iterator is drained either way before the caller releases it."""
+
+    def __init__(self, iterator: Any) -> None:
+        self.iterator = iterator
+        self.error: Any = None
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, EngineResponse]]:
+        for child_response in self.iterator:
+            if child_response.has_error():
+                self.error = child_response.error()
+                continue
+            tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
+            if tensor is not None:
+                array = tensor.as_numpy()
+                yield array, EngineResponse.from_json(array.reshape(-1)[0])
 
 
 class GuardedSender:

@@ -20,6 +20,7 @@ from core.adapters.common import (
     CANCEL_KEY_PARAMETER,
     ENTRY_STAGES_FILE,
     STAGE_PATH_KEYS,
+    CoreResponses,
     child_error,
     load_stage_from_spec,
     request_parameters,
@@ -93,32 +94,20 @@ class EntryModel(GenerateModel):
                 inputs[name] = tensor.as_numpy()
         (engine_request,) = self._run_stage("preprocess", inputs, request_parameters(request))
         key = f"{uuid.uuid4().hex}"
-        child = pb_utils.InferenceRequest(
-            model_name=self.core_model,
-            inputs=[engine_request],
-            requested_output_names=[ENGINE_RESPONSE.name],
-            parameters={CANCEL_KEY_PARAMETER: key},
-        )
+        child = self._core_request(engine_request, {CANCEL_KEY_PARAMETER: key})
         with self._live_lock:  # before exec: a cancel that comes while exec waits must be seen too
             self._live[key] = sender
         try:
             iterator = child.exec(decoupled=True)
+            responses = CoreResponses(iterator)
             deltas: list[EngineResponse] = []
-            error = None
             last: list[Any] | None = None  # a stream's last outputs: sent with FINAL after the release barrier
             abandoned = False
-            for child_response in iterator:
-                if child_response.has_error():
-                    error = child_response.error()
-                    continue
-                tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
-                if tensor is None:
-                    continue
-                delta = EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0])
+            for array, delta in responses:
                 if self.streaming:
                     if abandoned:
                         continue  # drain the core's remaining responses; the abort is on its way
-                    outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: tensor.as_numpy()}, {})
+                    outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: array}, {})
                     if delta.finished:
                         last = outputs
                         continue
@@ -136,8 +125,8 @@ class EntryModel(GenerateModel):
         self._release(iterator, sender)
         if abandoned or sender.closed:
             return
-        if error is not None:
-            sender.send(pb_utils.InferenceResponse(error=child_error(error)), flags=final)
+        if responses.error is not None:
+            sender.send(pb_utils.InferenceResponse(error=child_error(responses.error)), flags=final)
             return
         if self.streaming:
             # docs/platform-notes.md T8: the last data travels with FINAL (a bare FINAL only if the core sent none)
@@ -173,12 +162,7 @@ class EntryModel(GenerateModel):
             return self._live.pop(key, None) is not None
 
     def _abort(self, keys: list[str], sender: Any) -> None:
-        control = pb_utils.InferenceRequest(
-            model_name=self.core_model,
-            inputs=[string_tensor(ENGINE_REQUEST.name, "{}")],
-            requested_output_names=[ENGINE_RESPONSE.name],
-            parameters={ABORT_PARAMETER: ",".join(keys)},
-        )
+        control = self._core_request(string_tensor(ENGINE_REQUEST.name, "{}"), {ABORT_PARAMETER: ",".join(keys)})
         try:
             iterator = control.exec(decoupled=True)
             for _ in iterator:

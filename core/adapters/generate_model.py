@@ -13,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from core.adapters.common import (
     CODE_TAG_PARAMETER,
+    CoreResponses,
     GuardedSender,
     child_error,
     string_tensor,
@@ -20,7 +21,7 @@ from core.adapters.common import (
     version_dir,
 )
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
-from core.protocol import EngineResponse, merge_responses
+from core.protocol import merge_responses
 from core.settings import GenerateSettings, load_settings
 
 
@@ -65,29 +66,25 @@ class GenerateModel:
         engine_request = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
         if engine_request is None:
             raise InvalidInput(f"{ENGINE_REQUEST.name} is missing")
-        child = pb_utils.InferenceRequest(
-            model_name=self.core_model,
-            inputs=[engine_request],
-            requested_output_names=[ENGINE_RESPONSE.name],
-            parameters={CODE_TAG_PARAMETER: True},
-        )
-        iterator = child.exec(decoupled=True)
-        deltas: list[EngineResponse] = []
-        error = None
-        for child_response in iterator:
-            if child_response.has_error():
-                error = child_response.error()
-                continue
-            tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
-            if tensor is not None:
-                deltas.append(EngineResponse.from_json(tensor.as_numpy().reshape(-1)[0]))
+        iterator = self._core_request(engine_request, {CODE_TAG_PARAMETER: True}).exec(decoupled=True)
+        responses = CoreResponses(iterator)
+        deltas = [delta for _, delta in responses]
         self._release(iterator, sender)
-        if error is not None:
-            return pb_utils.InferenceResponse(error=child_error(error))
+        if responses.error is not None:
+            return pb_utils.InferenceResponse(error=child_error(responses.error))
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
         merged = merge_responses(deltas)
         return pb_utils.InferenceResponse(output_tensors=[string_tensor(ENGINE_RESPONSE.name, merged.to_json())])
+
+    def _core_request(self, engine_request: Any, parameters: dict[str, Any]) -> Any:
+        """A BLS request to the core: one engine request (or a control request), its ENGINE_RESPONSE asked for."""
+        return pb_utils.InferenceRequest(
+            model_name=self.core_model,
+            inputs=[engine_request],
+            requested_output_names=[ENGINE_RESPONSE.name],
+            parameters=parameters,
+        )
 
     def _release(self, iterator: Any, sender: Any) -> None:
         """Drop the BLS response iterator only when the Triton 2.51 stub can no longer be freeing it.
