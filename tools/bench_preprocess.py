@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+# Only the installed `preprocess` package is imported (`make setup` installs the project editable): no sys.path
+# preamble needed, unlike the tools that import tools.*.
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank.",

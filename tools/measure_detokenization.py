@@ -25,16 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# The tests' reference prompts (multi-byte text the tiny tokenizer was trained on): the same workload as the suite.
+from tests.support.triton_helpers import REFERENCE_PROMPTS as PROMPTS  # noqa: E402
 from tools.triton_server import process_table  # noqa: E402
 
-PROMPTS = [
-    "The quick brown fox",
-    "Grüße aus München und",
-    "你好，世界！今天",
-    "def handle(request):",
-    "Once upon a time, a small robot",
-    "Emoji also appear in chats: 😀",
-]
 RETURN_ALL = [
     "return_finish_reason",
     "return_cumulative_logprob",
