@@ -21,9 +21,9 @@ from core.adapters.common import (
     ENTRY_STAGES_FILE,
     STAGE_PATH_KEYS,
     child_error,
+    document_tensor,
     load_stage_from_spec,
     request_parameters,
-    string_tensor,
     triton_error,
     version_dir,
 )
@@ -175,7 +175,7 @@ class EntryModel(GenerateModel):
     def _abort(self, keys: list[str], sender: Any) -> None:
         control = pb_utils.InferenceRequest(
             model_name=self.core_model,
-            inputs=[string_tensor(ENGINE_REQUEST.name, "{}")],
+            inputs=[document_tensor(ENGINE_REQUEST, "{}")],
             requested_output_names=[ENGINE_RESPONSE.name],
             parameters={ABORT_PARAMETER: ",".join(keys)},
         )

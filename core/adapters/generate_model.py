@@ -15,7 +15,7 @@ from core.adapters.common import (
     CODE_TAG_PARAMETER,
     GuardedSender,
     child_error,
-    string_tensor,
+    document_tensor,
     triton_error,
     version_dir,
 )
@@ -87,7 +87,7 @@ class GenerateModel:
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
         merged = merge_responses(deltas)
-        return pb_utils.InferenceResponse(output_tensors=[string_tensor(ENGINE_RESPONSE.name, merged.to_json())])
+        return pb_utils.InferenceResponse(output_tensors=[document_tensor(ENGINE_RESPONSE, merged.to_json())])
 
     def _release(self, iterator: Any, sender: Any) -> None:
         """Drop the BLS response iterator only when the Triton 2.51 stub can no longer be freeing it.
