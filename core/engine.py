@@ -97,8 +97,10 @@ class Engine:
         offload_detokenization: bool = True,
         stat_loggers: list[Any] | None = None,
         restart: RestartPolicy | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         prepare_process_environment()
+        self._on_start = on_start  # called after each start of vLLM's engine (the first and every restart)
         self._stat_loggers = stat_loggers
         self._restart = restart or RestartPolicy()  # the deployment default: restart
         # Why new requests are refused while the engine is down (None while it runs); read from any thread.
@@ -168,7 +170,10 @@ class Engine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
+        if self._on_start is not None:
+            self._on_start()
+        return llm
 
     # Restart after the engine died --------------------------------------------------------------------------
 

@@ -126,5 +126,14 @@ VLLM_BACKEND_OUTPUTS = (TEXT_OUTPUT, FINISH_REASON, CUMULATIVE_LOGPROB, LOGPROBS
 # Internal tensors between the stages. Both are one JSON document (see core/protocol.py): a request or a
 # response carries few, heterogeneous fields, and postprocess must get its per-request options through the core
 # (a step after a decoupled step may only consume that step's outputs, docs/platform-notes.md T2).
-ENGINE_REQUEST = TensorSpec("engine_request", "TYPE_STRING", (1,), doc="validated engine request (JSON)")
-ENGINE_RESPONSE = TensorSpec("engine_response", "TYPE_STRING", (1,), doc="one engine delta or final (JSON)")
+# Shape [1, 1]: the first dimension is the core's batch dimension. The core batches (max_batch_size > 0, dims
+# [1]) so that requests arriving together enter it in one `execute`, one round trip between tritonserver and its
+# stub instead of one each (docs/performance-gpu.md); the stages around it do not batch and see [1, 1].
+ENGINE_REQUEST = TensorSpec("engine_request", "TYPE_STRING", (1, 1), doc="validated engine request (JSON)")
+ENGINE_RESPONSE = TensorSpec("engine_response", "TYPE_STRING", (1, 1), doc="one engine delta or final (JSON)")
+
+
+def document_tensor(spec: TensorSpec, document: str | bytes) -> np.ndarray:
+    """One document (ENGINE_REQUEST, ENGINE_RESPONSE) as the array of `spec`'s shape that carries it."""
+    data = document.encode("utf-8") if isinstance(document, str) else document
+    return np.array([data], dtype=np.object_).reshape(spec.dims)

@@ -10,7 +10,7 @@ HealthSettings.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,9 @@ class SenderSettings(Settings):
     # Python's GIL switch interval in the core's stub, in ms (0: Python's default, 5 ms). A thread back from an
     # IPC wait waits up to this long for the GIL while the engine loop computes.
     switch_interval_ms: float = Field(0.0, ge=0, le=100)
+    # CPUs for vLLM's engine processes (the EngineCore, tensor-parallel workers); the server's other processes
+    # are kept off them (core/cpu_placement.py). Empty: no placement. Linux only.
+    engine_cpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
 
 
 class CoreSettings(Settings):

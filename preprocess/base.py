@@ -45,7 +45,7 @@ class EnginePreprocessor(Stage):
 
     def process(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> dict[str, np.ndarray]:
         request = self.build_request(inputs, parameters)
-        return {tensors.ENGINE_REQUEST.name: np.array([request.to_json().encode("utf-8")], dtype=np.object_)}
+        return {tensors.ENGINE_REQUEST.name: tensors.document_tensor(tensors.ENGINE_REQUEST, request.to_json())}
 
     @staticmethod
     def stream_and_exclude_input(inputs: Mapping[str, np.ndarray]) -> tuple[bool, bool]:

@@ -20,8 +20,10 @@ def pbtxt(config: dict[str, Any]) -> str:
     return text_format.MessageToString(message)
 
 
-def _tensor(spec: TensorSpec, optional: bool | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": spec.name, "data_type": spec.data_type, "dims": list(spec.dims)}
+def _tensor(spec: TensorSpec, optional: bool | None = None, batched: bool = False) -> dict[str, Any]:
+    # A batching model's config leaves out the batch dimension (the spec's first) that Triton adds itself.
+    dims = list(spec.dims[1:] if batched else spec.dims)
+    entry: dict[str, Any] = {"name": spec.name, "data_type": spec.data_type, "dims": dims}
     if spec.optional if optional is None else optional:
         entry["optional"] = True
     return entry
@@ -35,19 +37,23 @@ def _python_model(
     kind: str,
     decoupled: bool = False,
     preserve_ordering: bool = False,
+    max_batch_size: int = 0,
 ) -> str:
+    """`max_batch_size` > 0: Triton's dynamic batcher hands the model every queued request (up to that many) in
+    one `execute`, without delay; the tensors' first dimension is the batch dimension."""
+    batched = max_batch_size > 0
     config: dict[str, Any] = {
         "name": name,
         "backend": "python",
-        "max_batch_size": 0,
-        "input": [_tensor(t) for t in inputs],
-        "output": [_tensor(t, optional=False) for t in outputs],
+        "max_batch_size": max_batch_size,
+        "input": [_tensor(t, batched=batched) for t in inputs],
+        "output": [_tensor(t, optional=False, batched=batched) for t in outputs],
         "instance_group": [{"count": instances, "kind": kind}],
     }
     if decoupled:
         config["model_transaction_policy"] = {"decoupled": True}
-    if preserve_ordering:
-        config["dynamic_batching"] = {"preserve_ordering": True}
+    if preserve_ordering or batched:
+        config["dynamic_batching"] = {"preserve_ordering": True} if preserve_ordering else {}
     return HEADER + pbtxt(config)
 
 

@@ -14,6 +14,9 @@ from repo_render.pbtxt import HEADER, _ensemble, _python_model, _step
 from repo_render.schema import BUILTIN_STAGES, BUILTIN_STAGES_PATHS, ROOT, ConfigError, Deployment
 from repo_render.stages import check_wiring, code_dirs, load_stage, stage_path
 
+# The most requests the core takes in one execute: more than any engine batch (vLLM queues the rest itself).
+CORE_MAX_BATCH_SIZE = 1024
+
 
 def _model_py(adapter: str, role: str) -> str:
     return (
@@ -134,6 +137,9 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         1,  # one engine; it spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend
         "KIND_MODEL",
         decoupled=True,
+        # Requests that arrive together enter the core in one execute (~1 ms round trip each on an H100 host;
+        # a burst of 256 streams waited up to ~250 ms for it): docs/performance-gpu.md.
+        max_batch_size=CORE_MAX_BATCH_SIZE,
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
     files[f"{names.core}/1/model.json"] = _json(engine_args)

@@ -59,6 +59,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
+from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
 from repo_render.substitute import set_argument  # noqa: E402
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
@@ -432,6 +433,8 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     prepare_process_environment()
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec["engine_args"]))
+    if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
+        EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
     counter = iter(range(10**9))
 
     def sender(stream: bool):
@@ -513,6 +516,7 @@ class BenchSetup:
     tokenizer: str
     plain: str
     streaming: str
+    engine_cpus: list[int] = field(default_factory=list)  # the deployment's core.engine_cpus
 
 
 def bench_repository(out: Path, deployment_file: Path | None, variables: dict[str, str]) -> BenchSetup:
@@ -534,6 +538,7 @@ def bench_repository(out: Path, deployment_file: Path | None, variables: dict[st
         str(engine_args.get("tokenizer", engine_args["model"])),
         deployment.names.plain,
         deployment.names.streaming,
+        list(deployment.core.engine_cpus),
     )
 
 
@@ -788,6 +793,8 @@ async def run_triton(args, setup: BenchSetup, paths, levels, prompts, tokenizer,
 async def run_vllm_serve(args, setup: BenchSetup, paths, levels, prompts, record, progress) -> None:
     serve = VllmServe(setup.engine_args, args.out / "vllm-serve.log")
     await serve.start()
+    if setup.engine_cpus:  # placed as the core places ours (core.engine_cpus)
+        EnginePlacement(setup.engine_cpus).apply(serve.process.pid)
     try:
         for rep in range(args.reps):
             for path in paths:
@@ -817,6 +824,12 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     elif "vllm-backend-stream" in args.paths:
         raise SystemExit("bench: the path vllm-backend-stream needs --vllm-backend DIR")
     os.environ.update(setup.engine_env)  # server_environment() copies it into every engine process of every path
+    if setup.engine_cpus:
+        # Every path's engine on the deployment's engine CPUs, everything else (this client, the servers) off
+        # them: this process first, so each server started below inherits the rest.
+        placement = EnginePlacement(setup.engine_cpus)
+        pin_process(os.getpid(), placement.other_cpus)
+        print(f"bench: {placement.describe()}", file=sys.stderr)
     prompts = build_prompts(setup.tokenizer)
     tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer)
     levels = levels_for(args)
@@ -833,6 +846,7 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     if bare:
         progress.set_description(", ".join(bare))
         spec = {"engine_args": setup.engine_args, "prompts": prompts, "levels": levels, "paths": bare}
+        spec["engine_cpus"] = setup.engine_cpus
         for item in run_bare({**spec, "reps": args.reps}, out / "bare.log"):
             record(item["path"], item["rep"], item["level"], item["measured"])
             progress.update(item["level"]["requests"])

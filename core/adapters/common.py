@@ -13,7 +13,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from core.engine_config import resolve_path, resolve_paths
-from core.interface import ENGINE_RESPONSE, InvalidInput, Unavailable
+from core.interface import ENGINE_RESPONSE, InvalidInput, TensorSpec, Unavailable
+from core.interface import document_tensor as interface_document_tensor
 from core.protocol import EngineResponse
 from core.stage import load_stage_class
 
@@ -60,8 +61,9 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-def string_tensor(name: str, text: str) -> Any:
-    return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+def document_tensor(spec: TensorSpec, document: str) -> Any:
+    """ENGINE_REQUEST or ENGINE_RESPONSE as a Triton tensor, in the shape the rendered configs declare."""
+    return pb_utils.Tensor(spec.name, interface_document_tensor(spec, document))
 
 
 class CoreResponses:

@@ -20,16 +20,17 @@ from core.adapters.common import (
     CODE_TAG_PARAMETER,
     LORA_FILE,
     GuardedSender,
+    document_tensor,
     lora_adapters,
     never_cancelled,
     request_parameters,
-    string_tensor,
     triton_error,
     version_dir,
 )
 from core.adapters.metrics_publisher import TritonMetrics
 from core.coalesce import Outgoing, StreamPacer
 from core.core_stats import CoreStats
+from core.cpu_placement import EnginePlacement
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
@@ -61,12 +62,14 @@ class CoreModel:
         if settings.metrics:
             self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
             stat_loggers = [stat_logger_factory(self._metrics.buffer)]
+        placement = EnginePlacement(settings.core.engine_cpus) if settings.core.engine_cpus else None
         self.engine = Engine(
             load_engine_args(model_dir / ENGINE_ARGS_FILE),
             lora_adapters=loras,
             stat_loggers=stat_loggers,
             # Triton 2.51's Python backend cannot mark the model not ready: the engine restarts itself instead.
             restart=settings.health,
+            on_start=None if placement is None else lambda: self._place(placement),
         )
         self.engine.start()
         if self._metrics is not None:
@@ -92,6 +95,11 @@ class CoreModel:
         ]
         for thread in self._sender_threads:
             thread.start()
+
+    def _place(self, placement: EnginePlacement) -> None:
+        # The whole server: tritonserver (this stub's parent) with every stub, and the engine's processes.
+        engine, other = placement.apply(os.getppid())
+        self.logger.log_info(f"vllm_core: {placement.describe()}: {len(engine)} engine, {len(other)} other processes")
 
     # At most this many queued responses are coalesced per pass, so one pass never holds the others for long.
     MAX_DRAIN = 1024
@@ -121,7 +129,7 @@ class CoreModel:
             if item.error is not None:
                 response = pb_utils.InferenceResponse(error=triton_error(item.error, item.sender.tagged))
             elif item.response is not None:
-                tensor = string_tensor(ENGINE_RESPONSE.name, item.response.to_json())
+                tensor = document_tensor(ENGINE_RESPONSE, item.response.to_json())
                 response = pb_utils.InferenceResponse(output_tensors=[tensor])
             else:
                 response = None

@@ -22,9 +22,9 @@ from core.adapters.common import (
     STAGE_PATH_KEYS,
     CoreResponses,
     child_error,
+    document_tensor,
     load_stage_from_spec,
     request_parameters,
-    string_tensor,
     triton_error,
     version_dir,
 )
@@ -162,7 +162,7 @@ class EntryModel(GenerateModel):
             return self._live.pop(key, None) is not None
 
     def _abort(self, keys: list[str], sender: Any) -> None:
-        control = self._core_request(string_tensor(ENGINE_REQUEST.name, "{}"), {ABORT_PARAMETER: ",".join(keys)})
+        control = self._core_request(document_tensor(ENGINE_REQUEST, "{}"), {ABORT_PARAMETER: ",".join(keys)})
         try:
             iterator = control.exec(decoupled=True)
             for _ in iterator:

@@ -16,7 +16,7 @@ from core.adapters.common import (
     CoreResponses,
     GuardedSender,
     child_error,
-    string_tensor,
+    document_tensor,
     triton_error,
     version_dir,
 )
@@ -75,7 +75,7 @@ class GenerateModel:
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
         merged = merge_responses(deltas)
-        return pb_utils.InferenceResponse(output_tensors=[string_tensor(ENGINE_RESPONSE.name, merged.to_json())])
+        return pb_utils.InferenceResponse(output_tensors=[document_tensor(ENGINE_RESPONSE, merged.to_json())])
 
     def _core_request(self, engine_request: Any, parameters: dict[str, Any]) -> Any:
         """A BLS request to the core: one engine request (or a control request), its ENGINE_RESPONSE asked for."""

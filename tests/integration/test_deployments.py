@@ -9,10 +9,12 @@ GPU examples are rendered only.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from core.cpu_placement import is_engine_process, process_tree
 from repo_render import ROOT, load_deployment
 from tests.support.deployment_helpers import render_together, start_server, with_own_internal_names
 from tests.support.triton_helpers import grpc_infer, http_generate, sse_events
@@ -33,6 +35,7 @@ postprocess:
   class: tests.support.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path
   settings: {{prefix: "[grüße] "}}                       # non-ASCII: the stub reads stage.json as ASCII
 names: {{plain: custom_model, streaming: custom_model_stream}}
+core: {{engine_cpus: [1]}}                                 # every engine of this server on CPU 1, the rest on 0
 """
 
 
@@ -139,3 +142,21 @@ def test_a_prompt_over_the_context_through_the_raw_preprocess_is_vllms_invalid_a
     )
     assert reply.status_code == 400, reply.text
     assert "engine failed" not in reply.text and "512" in reply.text
+
+
+def test_engine_cpus_put_the_engines_on_their_cpu_and_the_rest_of_the_server_off_it(examples_server):
+    """core.engine_cpus (core/cpu_placement.py): every vLLM engine process under tritonserver, all its threads, on
+    CPU 1; tritonserver and every stub, all threads, on the server's other CPUs."""
+    tree = process_tree(examples_server.process.pid)
+    engines = [pid for pid in tree if is_engine_process(pid)]
+    assert len(engines) == 3  # one EngineCore per deployment; this server holds three
+    others = set(tree) - set(engines)
+    assert examples_server.process.pid in others and len(others) > 3  # tritonserver and its stubs
+
+    def masks(pid: int) -> set[frozenset[int]]:
+        return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+
+    for pid in engines:
+        assert masks(pid) == {frozenset({1})}, pid
+    for pid in others:
+        assert masks(pid) == {frozenset(os.sched_getaffinity(0) - {1})}, pid

@@ -87,6 +87,12 @@ def _load(config: dict[str, Any], folder: Path):
     return load_deployment(path)
 
 
+def _shape(model, tensor) -> tuple[int, list[int]]:
+    """A model tensor's type and full shape as the ensemble passes it: a batching model's (max_batch_size > 0)
+    has the batch dimension first, one request per ensemble step."""
+    return tensor.data_type, ([1] if model.max_batch_size > 0 else []) + list(tensor.dims)
+
+
 def check_tree_as_triton_would(files: dict[str, str]) -> None:
     configs = {}
     for rel, text in files.items():
@@ -111,7 +117,7 @@ def check_tree_as_triton_would(files: dict[str, str]) -> None:
             assert not missing, f"{name}: {step.model_name} is not fed {missing}"
             for key, tensor in step.input_map.items():
                 assert tensor in tensors, f"{name}: {tensor} is consumed before it is produced"
-                assert tensors[tensor] == (inputs[key].data_type, list(inputs[key].dims)), f"{name}: {key} type"
+                assert tensors[tensor] == _shape(model, inputs[key]), f"{name}: {key} type"
             sources = {origin[t] for t in step.input_map.values()}
             rule = "docs/platform-notes.md T2"
             assert len(sources) == 1, f"{name}: {step.model_name} mixes tensors of {sources} ({rule})"
@@ -119,7 +125,7 @@ def check_tree_as_triton_would(files: dict[str, str]) -> None:
             outputs = {t.name: t for t in model.output}
             for key, tensor in step.output_map.items():
                 assert key in outputs and tensor not in tensors, f"{name}: {tensor} produced twice or unknown"
-                tensors[tensor] = (outputs[key].data_type, list(outputs[key].dims))
+                tensors[tensor] = _shape(model, outputs[key])
                 origin[tensor] = source
         for output in config.output:
             assert tensors.get(output.name) == (output.data_type, list(output.dims)), f"{name}: {output.name}"

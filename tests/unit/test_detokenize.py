@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.interface import ENGINE_RESPONSE
+from core.interface import ENGINE_RESPONSE, document_tensor
 from core.protocol import EngineResponse, SequenceDelta, merge_responses
 from core.token_sync import REPLACEMENT, sync_token_ids
 from core.token_windows import TokenWindows
@@ -227,7 +227,7 @@ def test_a_stage_without_a_tokenizer_passes_decoded_text_and_refuses_ids_to_deco
     assert isinstance(stage.detokenizer, NoDetokenizer)
 
     def run(response: EngineResponse) -> dict[str, np.ndarray]:
-        return stage.process({ENGINE_RESPONSE.name: np.array([response.to_json().encode()], dtype=np.object_)}, {})
+        return stage.process({ENGINE_RESPONSE.name: document_tensor(ENGINE_RESPONSE, response.to_json())}, {})
 
     decoded = EngineResponse([SequenceDelta(0, "hello", [5, 6], "stop")], 3, True, {})
     assert run(decoded)["text_output"].tolist() == [b"hello"]

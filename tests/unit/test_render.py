@@ -134,12 +134,12 @@ def _config(tmp_path: Path, text: str) -> Path:
         (
             "model: ./m\npreprocess: {class: 'tests.support.custom_stages:NoEngineRequest'}\n",
             "preprocess.class: NoEngineRequest outputs ['prompt_ids'], but the core (vllm_core) consumes"
-            " 'engine_request' (TYPE_STRING [1]): the preprocess stage must output it",
+            " 'engine_request' (TYPE_STRING [1, 1]): the preprocess stage must output it",
         ),
         (
             "model: ./m\npreprocess: {class: 'tests.support.custom_stages:EngineRequestAsInts'}\n",
             "preprocess.class: EngineRequestAsInts outputs 'engine_request' as TYPE_INT32 [-1]; the core (vllm_core)"
-            " takes TYPE_STRING [1]",
+            " takes TYPE_STRING [1, 1]",
         ),
         (
             "model: ./m\npreprocess: {class: 'tests.support.custom_stages:ExtraOutput'}\n",
@@ -156,7 +156,7 @@ def _config(tmp_path: Path, text: str) -> Path:
         (
             "model: ./m\npostprocess: {class: 'tests.support.custom_stages:EngineResponseAsFloat'}\n",
             "postprocess.class: EngineResponseAsFloat takes 'engine_response' as TYPE_FP32 [1]; the core outputs"
-            " TYPE_STRING [1]",
+            " TYPE_STRING [1, 1]",
         ),
         (
             "model: ./m\npostprocess: {class: 'tests.support.custom_stages:EchoesAnInput'}\n",

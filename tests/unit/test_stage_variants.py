@@ -20,7 +20,7 @@ def _text(value: str) -> np.ndarray:
 
 def _raw(**inputs) -> EngineRequest:
     stage = RawPreprocessor({"max_logprobs": 5, "lora_names": ["a"], "tokenizer": "ignored"})
-    return EngineRequest.from_json(stage.process(inputs, {})["engine_request"][0])
+    return EngineRequest.from_json(stage.process(inputs, {})["engine_request"].item())
 
 
 def test_raw_preprocess_sends_the_prompt_text_as_it_is():

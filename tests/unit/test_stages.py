@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from core.interface import STREAM_ECHO_ERROR, InvalidInput
+from core.interface import ENGINE_RESPONSE, STREAM_ECHO_ERROR, InvalidInput, document_tensor
 from core.protocol import EngineRequest, EngineResponse, SequenceDelta, merge_responses
 from postprocess.vllm_backend import VllmBackendPostprocessor
 from preprocess.default import Preprocessor
@@ -26,7 +26,7 @@ def _text(value: str) -> np.ndarray:
 
 def _request(preprocessor, **inputs) -> EngineRequest:
     out = preprocessor.process(inputs, {})
-    return EngineRequest.from_json(out["engine_request"][0])
+    return EngineRequest.from_json(out["engine_request"].item())
 
 
 def test_preprocess_tokenizes_like_the_model_tokenizer(preprocessor):
@@ -71,7 +71,7 @@ def test_preprocess_rejects_prompts_that_leave_no_room_to_generate(preprocessor)
 
 def _sampling(preprocessor, prompt: str, sampling: dict) -> dict:
     inputs = {"text_input": _text(prompt), "sampling_parameters": _text(json.dumps(sampling))}
-    return EngineRequest.from_json(preprocessor.process(inputs, {})["engine_request"][0]).sampling
+    return EngineRequest.from_json(preprocessor.process(inputs, {})["engine_request"].item()).sampling
 
 
 def test_preprocess_accepts_max_tokens_beyond_the_context_and_clamps_it_to_the_room_left(preprocessor):
@@ -110,7 +110,7 @@ def _response(**options) -> EngineResponse:
 
 
 def _post(response: EngineResponse) -> dict[str, np.ndarray]:
-    raw = np.array([response.to_json().encode()], dtype=np.object_)
+    raw = document_tensor(ENGINE_RESPONSE, response.to_json())
     return VllmBackendPostprocessor({}).process({"engine_response": raw}, {})
 
 

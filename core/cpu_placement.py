@@ -1,0 +1,92 @@
+"""Optional CPU placement of vLLM's engine processes (deployment key `core.engine_cpus`).
+
+At a small model's size vLLM's EngineCore is a CPU-bound Python loop (its scheduler runs between every GPU
+step), and on a busy host other processes migrating onto its CPU slow every step. Measured on an H100 host
+(docs/performance-gpu.md): the EngineCore on a CPU of its own and everything else on the others made both the
+bare engine and our server faster. vLLM has no such setting on CUDA, so the core does it: every process under a
+root (the server) whose title is vLLM's (`VLLM::EngineCore`, tensor-parallel workers) is pinned to the engine's
+CPUs, and every other process under it, with all its threads, to the remaining ones. Threads and processes
+started later inherit their creator's mask, so one pass after each engine start holds. Linux only
+(/proc, sched_setaffinity). Triton-free: tools/bench.py places the bare engine and `vllm serve` the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+ENGINE_TITLE_PREFIX = b"VLLM::"  # vLLM names its engine processes so (setproctitle): EngineCore, Worker_TP0, ...
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name in parentheses may hold spaces
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it."""
+    children = _children_map()
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def is_engine_process(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(ENGINE_TITLE_PREFIX)
+    except OSError:
+        return False
+
+
+def pin_process(pid: int, cpus: Collection[int]) -> None:
+    """Every thread of `pid` to `cpus` (sched_setaffinity on a pid sets one thread only)."""
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return
+    for tid in threads:
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+
+
+class EnginePlacement:
+    """The engine's CPUs, and the rest: the CPUs this process may use (the server's, e.g. as `taskset` started
+    it) without the engine's."""
+
+    def __init__(self, engine_cpus: Collection[int]) -> None:
+        self.engine_cpus = frozenset(engine_cpus)
+        unknown = sorted(cpu for cpu in self.engine_cpus if cpu >= (os.cpu_count() or 1))
+        if unknown:
+            raise ValueError(f"core.engine_cpus: this machine has no CPU {unknown} ({os.cpu_count()} CPUs)")
+        self.other_cpus = frozenset(os.sched_getaffinity(0) - self.engine_cpus)
+        if not self.other_cpus:
+            raise ValueError("core.engine_cpus: leave at least one of the server's CPUs to its other processes")
+
+    def apply(self, root: int) -> tuple[list[int], list[int]]:
+        """Place every process under `root`; returns (engine pids, other pids). An engine CPU this machine does
+        not let us use (outside the container's cpuset) raises OSError (EINVAL)."""
+        engine, other = [], []
+        for pid in process_tree(root):
+            (engine if is_engine_process(pid) else other).append(pid)
+        for pid in other:
+            pin_process(pid, self.other_cpus)
+        for pid in engine:
+            pin_process(pid, self.engine_cpus)
+        return engine, other
+
+    def describe(self) -> str:
+        return f"engine on CPUs {sorted(self.engine_cpus)}, the rest on {sorted(self.other_cpus)}"
