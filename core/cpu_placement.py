@@ -4,8 +4,9 @@ At a small model's size vLLM's EngineCore is a CPU-bound Python loop (its schedu
 step), and on a busy host other processes migrating onto its CPU slow every step. Measured on an H100 host
 (docs/performance-gpu.md): the EngineCore on a CPU of its own and everything else on the others made both the
 bare engine and our server faster. vLLM has no such setting on CUDA, so the core does it: every process under a
-root (the server) whose title is vLLM's (`VLLM::EngineCore`, tensor-parallel workers) is pinned to the engine's
-CPUs, and every other process under it, with all its threads, to the remaining ones. Threads and processes
+root (the server) whose title is vLLM's (`VLLM::EngineCore`, tensor-parallel workers) and that belongs to this
+engine is pinned to the engine's CPUs, and every other process under the root, with all its threads, to the
+remaining ones. Threads and processes
 started later inherit their creator's mask, so one pass after each engine start holds. Linux only
 (/proc, sched_setaffinity). Triton-free: tools/bench.py places the bare engine and `vllm serve` the same way.
 """
@@ -76,12 +77,12 @@ class EnginePlacement:
         if not self.other_cpus:
             raise ValueError("core.engine_cpus: leave at least one of the server's CPUs to its other processes")
 
-    def apply(self, root: int) -> tuple[list[int], list[int]]:
-        """Place every process under `root`; returns (engine pids, other pids). An engine CPU this machine does
-        not let us use (outside the container's cpuset) raises OSError (EINVAL)."""
-        engine, other = [], []
-        for pid in process_tree(root):
-            (engine if is_engine_process(pid) else other).append(pid)
+    def apply(self, root: int, engine_root: int | None = None) -> tuple[list[int], list[int]]:
+        """Place every process under `root`: vLLM's engine processes under `engine_root` (default: `root`) on the
+        engine's CPUs, all others (another deployment's engine too) off them. Returns (engine pids, other pids).
+        An engine CPU this machine does not let us use (outside the container's cpuset) raises OSError."""
+        engine = [pid for pid in process_tree(root if engine_root is None else engine_root) if is_engine_process(pid)]
+        other = [pid for pid in process_tree(root) if pid not in engine]
         for pid in other:
             pin_process(pid, self.other_cpus)
         for pid in engine:

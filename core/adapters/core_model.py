@@ -98,7 +98,7 @@ class CoreModel:
 
     def _place(self, placement: EnginePlacement) -> None:
         # The whole server: tritonserver (this stub's parent) with every stub, and the engine's processes.
-        engine, other = placement.apply(os.getppid())
+        engine, other = placement.apply(os.getppid(), engine_root=os.getpid())
         self.logger.log_info(f"vllm_core: {placement.describe()}: {len(engine)} engine, {len(other)} other processes")
 
     # At most this many queued responses are coalesced per pass, so one pass never holds the others for long.

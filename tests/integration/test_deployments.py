@@ -145,18 +145,19 @@ def test_a_prompt_over_the_context_through_the_raw_preprocess_is_vllms_invalid_a
 
 
 def test_engine_cpus_put_the_engines_on_their_cpu_and_the_rest_of_the_server_off_it(examples_server):
-    """core.engine_cpus (core/cpu_placement.py): every vLLM engine process under tritonserver, all its threads, on
-    CPU 1; tritonserver and every stub, all threads, on the server's other CPUs."""
+    """core.engine_cpus (core/cpu_placement.py) of the custom deployment: its engine processes (EngineCore, the
+    workers vLLM starts), all threads, on CPU 1; tritonserver, every stub and the other deployments' engines off it."""
     tree = process_tree(examples_server.process.pid)
-    engines = [pid for pid in tree if is_engine_process(pid)]
-    assert len(engines) == 3  # one EngineCore per deployment; this server holds three
-    others = set(tree) - set(engines)
-    assert examples_server.process.pid in others and len(others) > 3  # tritonserver and its stubs
 
     def masks(pid: int) -> set[frozenset[int]]:
         return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
 
-    for pid in engines:
-        assert masks(pid) == {frozenset({1})}, pid
-    for pid in others:
-        assert masks(pid) == {frozenset(os.sched_getaffinity(0) - {1})}, pid
+    on_cpu1 = [pid for pid in tree if masks(pid) == {frozenset({1})}]
+    assert on_cpu1 and all(is_engine_process(pid) for pid in on_cpu1)
+    titles = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in on_cpu1]
+    assert sum(title.startswith(b"VLLM::EngineCore") for title in titles) == 1  # the custom deployment's only
+    engine_cores = [pid for pid in tree if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::EngineCore")]
+    assert len(engine_cores) == 3  # one per deployment of this server
+    rest = frozenset(os.sched_getaffinity(0) - {1})
+    for pid in set(tree) - set(on_cpu1):
+        assert masks(pid) == {rest}, pid
