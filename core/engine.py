@@ -64,6 +64,10 @@ def prepare_process_environment() -> None:
     from core.torchvision_free import install
 
     install()
+    # AMX requested before vLLM's CPU attention kernel may use it (else SIGILL on some machines).
+    from core.cpu_amx import install as request_amx
+
+    request_amx()
 
 
 class _FinalOnce:
