@@ -3,23 +3,33 @@ postprocess stage per streamed response. Same workload both ways, in one run, al
 
     python tools/measure_detokenization.py [--requests 32] [--max-tokens 128] [--rounds 2] [--logprobs 0]
     python tools/measure_detokenization.py --micro      # per-token costs, single thread, no engine
+    python tools/measure_detokenization.py --wire       # the stages' wire format per hop, no engine
 
 The engine runs as in the vllm_core model (core/engine.py, the repository's model.json), without Triton: each
 engine response is serialized to JSON as the core adapter does. "engine process" is this process (AsyncLLM's
 output processing, where vLLM detokenizes, plus the core's own work); the EngineCore child (the model) is
 reported apart. Postprocess CPU is the thread CPU time of `VllmBackendPostprocessor.process` per streamed
 response, replayed on the offloaded round's responses (all return_* outputs on).
+
+`--wire` times what every response pays between the stages, per hop, on RequestOutputs shaped like vLLM's (text
+already decoded, so no detokenization is in the numbers): the core (RequestOutput -> engine_response bytes), the
+plain path's generate step (the core's one whole answer -> what it hands to postprocess), postprocess (bytes ->
+the vLLM backend's tensors, all return_* outputs on), and the engine_request hop (preprocess encodes, the core
+decodes; a 400-token prompt). Thread CPU time, median of --runs runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -126,6 +136,98 @@ def micro(tokenizer_path: str, repeat: int = 20) -> None:
         print(f"{name}: {1e6 * (time.thread_time() - start) / repeat / len(output):.2f} us per token")
 
 
+def _timed(fn: Callable[[], object], runs: int) -> float:
+    """Median over `runs` of the thread CPU microseconds per call (each run loops for ~20 ms)."""
+    start = time.thread_time()
+    fn()
+    loops = max(1, int(0.02 / max(time.thread_time() - start, 1e-6)))
+    samples = []
+    for _ in range(runs):
+        start = time.thread_time()
+        for _ in range(loops):
+            fn()
+        samples.append(1e6 * (time.thread_time() - start) / loops)
+    return statistics.median(samples)
+
+
+def _request_output(tokens: int, logprobs: int, streamed: bool) -> Any:
+    """A vLLM RequestOutput's shape (the attributes core/vllm_io.py reads): `tokens` new tokens of one sequence,
+    with `logprobs` alternatives per token (the sampled one among them) when logprobs > 0."""
+    from types import SimpleNamespace
+
+    rng = random.Random(tokens * 31 + logprobs)
+    token_ids = [rng.randrange(32000) for _ in range(tokens)]
+    positions = None
+    if logprobs:
+        positions = []
+        for token_id in token_ids:
+            alternatives = [token_id] + [rng.randrange(32000) for _ in range(logprobs - 1)]
+            positions.append(
+                {
+                    tid: SimpleNamespace(logprob=-rng.random() * (rank + 1), rank=rank + 1, decoded_token=f" w{tid}")
+                    for rank, tid in enumerate(alternatives)
+                }
+            )
+    seq = SimpleNamespace(
+        index=0,
+        text="".join(f" w{t}" for t in token_ids),
+        token_ids=token_ids,
+        finish_reason=None if streamed else "length",
+        stop_reason=None,
+        cumulative_logprob=-1.5 * tokens if logprobs else None,
+        logprobs=positions,
+    )
+    return SimpleNamespace(
+        request_id="triton-1", prompt_token_ids=list(range(400)), outputs=[seq], finished=not streamed,
+        prompt_logprobs=None,
+    )  # fmt: skip
+
+
+def wire(runs: int) -> None:
+    """Per-hop CPU of the stages' wire format (see the module docstring)."""
+    import numpy as np
+
+    from core.interface import RETURN_FLAGS
+    from core.protocol import EngineRequest, EngineResponse, merge_responses
+    from core.vllm_io import to_engine_response
+    from postprocess.vllm_backend import VllmBackendPostprocessor
+
+    stage = VllmBackendPostprocessor({})
+    options = {"prompt_prefix": "", "return": [flag.name for flag in RETURN_FLAGS]}
+
+    def core(output: Any, streamed: bool) -> bytes:
+        return to_engine_response(output, options, streamed=streamed).to_json().encode("utf-8")
+
+    def generate(raw: bytes) -> bytes:
+        return merge_responses([EngineResponse.from_json(raw)]).to_json().encode("utf-8")
+
+    def postprocess(raw: bytes) -> dict[str, Any]:
+        return stage.process({"engine_response": np.array([raw], dtype=np.object_)}, {})
+
+    print(f"{'us per response (median of ' + str(runs) + ')':34s} {'core':>8s} {'generate':>9s} {'postproc':>9s}"
+          f" {'total':>8s} {'bytes':>7s}")  # fmt: skip
+    cases = [("streamed delta", 1, True), ("plain answer", 64, False), ("plain answer", 256, False)]
+    for name, tokens, streamed in cases:
+        for logprobs in (0, 5):
+            output = _request_output(tokens, logprobs, streamed)
+            raw = core(output, streamed)
+            times = [_timed(lambda: core(output, streamed), runs)]  # noqa: B023 - called at once
+            times.append(0.0 if streamed else _timed(lambda: generate(raw), runs))  # noqa: B023
+            handed = raw if streamed else generate(raw)
+            times.append(_timed(lambda: postprocess(handed), runs))  # noqa: B023
+            label = f"{name}, {tokens} token{'s' if tokens > 1 else ''}, logprobs {logprobs}"
+            cells = " ".join(f"{t:8.1f}" if t else f"{'-':>8s}" for t in times)
+            print(f"{label:34s} {cells} {sum(times):9.1f} {len(raw):7d}")
+    request = EngineRequest(
+        sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 128, "stop": ["\n\n"]},
+        prompt_token_ids=list(range(1000, 1400)),
+        postprocess_options=options,
+    )
+    raw = request.to_json().encode("utf-8")
+    hop = _timed(lambda: EngineRequest.from_json(request.to_json().encode("utf-8")), runs)
+    print(f"{'engine_request, 400-token prompt':34s} {'preprocess encode + core decode':>27s} {hop:9.1f} {len(raw):7d}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-json", type=Path, default=ROOT / "model_repository" / "vllm_core" / "1" / "model.json")
@@ -134,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--logprobs", type=int, default=0, help="sampling logprobs (0: not asked)")
     parser.add_argument("--micro", action="store_true", help="per-token microbenchmarks only")
+    parser.add_argument("--wire", action="store_true", help="the wire format's CPU per hop only (no engine)")
+    parser.add_argument("--runs", type=int, default=7, help="--wire: runs per measurement (the median is printed)")
     args = parser.parse_args(argv)
+    if args.wire:
+        wire(args.runs)
+        return 0
     if args.micro:
         from core.engine_config import load_engine_args
 
