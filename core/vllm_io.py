@@ -8,17 +8,18 @@ import functools
 from typing import Any
 
 from core.interface import InvalidInput
-from core.protocol import EngineRequest, EngineResponse, SequenceDelta
+from core.protocol import EngineRequest, EngineResponse, Position, RgbImage, SequenceDelta, TokenLogprob
 from core.token_windows import TokenWindows
 
 
-def logprobs_json(logprobs: Any) -> list[dict[str, list] | None] | None:
+def token_logprobs(logprobs: Any) -> list[Position | None] | None:
+    """vLLM's logprobs (per position, token id -> Logprob) as the protocol's, keyed by the id as a string."""
     if logprobs is None:
         return None
     return [
         None
         if position is None
-        else {str(token_id): [lp.logprob, lp.rank, lp.decoded_token] for token_id, lp in position.items()}
+        else {str(token_id): TokenLogprob(lp.logprob, lp.rank, lp.decoded_token) for token_id, lp in position.items()}
         for position in logprobs
     ]
 
@@ -32,7 +33,7 @@ def sequence_delta(seq: Any, windows: TokenWindows | None) -> SequenceDelta:
         finish_reason=seq.finish_reason,
         stop_reason=seq.stop_reason,
         cumulative_logprob=seq.cumulative_logprob,
-        logprobs=logprobs_json(seq.logprobs),
+        logprobs=token_logprobs(seq.logprobs),
     )
     if windows is not None:
         delta.context_ids, delta.context_prompt_tokens = windows.next_window(seq.index, token_ids)
@@ -75,17 +76,15 @@ def to_engine_response(
         request_id=str(output.request_id),
         streamed=streamed,
         decode=decode if windows is not None else None,
-        prompt_logprobs=logprobs_json(output.prompt_logprobs) or None,
+        prompt_logprobs=token_logprobs(output.prompt_logprobs) or None,
     )
 
 
-def rgb_image(doc: dict[str, Any]) -> Any:
+def rgb_image(image: RgbImage) -> Any:
     """EngineRequest.images entry -> PIL RGB image: a copy of pixels that preprocess decoded and checked."""
-    import base64
-
     from PIL import Image
 
-    return Image.frombytes("RGB", (int(doc["width"]), int(doc["height"])), base64.b64decode(doc["rgb"]))
+    return Image.frombytes("RGB", (image.width, image.height), image.rgb)
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import numpy as np
 
 from core import interface as tensors
 from core.interface import InvalidInput
-from core.protocol import EngineResponse
+from core.protocol import DecodeError, EngineResponse, decode_response
 from core.stage import Stage, scalar
 from postprocess.detokenize import detokenize, load_detokenizer
 
@@ -29,5 +29,9 @@ class EnginePostprocessor(Stage):
         raw = scalar(inputs, tensors.ENGINE_RESPONSE.name)
         if raw is None:
             raise InvalidInput(f"{tensors.ENGINE_RESPONSE.name} is missing")
+        try:
+            response = decode_response(raw)
+        except DecodeError as exc:  # not the core's document (a client may call this model directly)
+            raise InvalidInput(f"{tensors.ENGINE_RESPONSE.name}: malformed ({exc})") from None
         # A stage without a tokenizer holds a NoDetokenizer: it refuses ids to decode, and passes decoded text.
-        return detokenize(EngineResponse.from_json(raw), self.detokenizer)
+        return detokenize(response, self.detokenizer)

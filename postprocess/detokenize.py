@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from core.protocol import EngineResponse, SequenceDelta
+from core.protocol import EngineResponse, Position, SequenceDelta
 from core.token_sync import LOGPROB_CONTEXT, REPLACEMENT, raw_tokenizer, uses_decode_stream
 
 
@@ -116,15 +116,15 @@ class Detokenizer:
             texts.append(self._correct(token_id, context) if text.endswith(REPLACEMENT) else text)
         return texts
 
-    def fill_logprobs(self, positions: list[dict[str, list] | None], context: list[int]) -> None:
-        """Set decoded_token (element 2) of each entry; `context` is the sampled ids before the first position."""
+    def fill_logprobs(self, positions: list[Position | None], context: list[int]) -> None:
+        """Set decoded_token of each entry; `context` is the sampled ids before the first position."""
         context = context[-LOGPROB_CONTEXT:]
         for position in positions:
             if position is None:
                 continue
             ids = [int(t) for t in position]
             for entry, text in zip(position.values(), self.decoded_tokens(ids, context), strict=True):
-                entry[2] = text
+                entry.decoded_token = text
             context = (context + ids[:1])[-LOGPROB_CONTEXT:]
 
     # Text.
@@ -165,7 +165,7 @@ class NoDetokenizer:
     def sequence_text(self, seq: SequenceDelta, decode: dict[str, Any]) -> str:
         raise RuntimeError(self.MISSING)
 
-    def fill_logprobs(self, positions: list[dict[str, list] | None], context: list[int]) -> None:
+    def fill_logprobs(self, positions: list[Position | None], context: list[int]) -> None:
         raise RuntimeError(self.MISSING)
 
 

@@ -28,13 +28,13 @@ def _logprobs(seq: SequenceDelta) -> dict[str, Any] | None:
     content = []
     for token_id, position in zip(seq.token_ids, seq.logprobs, strict=False):
         sampled = position.get(str(token_id))
-        top = sorted(position.values(), key=lambda entry: entry[1])
+        top = sorted(position.values(), key=lambda entry: entry.rank)
         chosen = sampled if sampled is not None else top[0]
         content.append(
             {
-                "token": chosen[2],
-                "logprob": chosen[0],
-                "top_logprobs": [{"token": text, "logprob": lp} for lp, _rank, text in top],
+                "token": chosen.decoded_token,
+                "logprob": chosen.logprob,
+                "top_logprobs": [{"token": entry.decoded_token, "logprob": entry.logprob} for entry in top],
             }
         )
     return {"content": content}

@@ -14,17 +14,21 @@ from typing import Any
 import numpy as np
 
 from core import interface as tensors
-from core.protocol import SequenceDelta
+from core.protocol import Position, SequenceDelta
 from postprocess.base import EnginePostprocessor
 
 
-def _position(position: dict[str, list] | None) -> dict[str, dict] | None:
+def _position(position: Position | None) -> dict[str, dict] | None:
     if position is None:
         return None
-    return {tid: {"logprob": lp, "rank": rank, "decoded_token": text} for tid, (lp, rank, text) in position.items()}
+    # Python's json, not msgspec: the vLLM backend's exact text (", " and ": ", ASCII escapes, -Infinity)
+    return {
+        tid: {"logprob": entry.logprob, "rank": entry.rank, "decoded_token": entry.decoded_token}
+        for tid, entry in position.items()
+    }
 
 
-def _positions_json(positions: list[dict[str, list] | None]) -> str:
+def _positions_json(positions: list[Position | None]) -> str:
     return json.dumps([_position(p) for p in positions])
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from core import interface as tensors
-from core.protocol import EngineRequest
+from core.protocol import EngineRequest, encode_request
 from core.stage import Stage, bool_scalar, string_scalar
 from core.vllm_defaults import FALLBACK_MAX_TOKENS
 from preprocess.sampling import validate_sampling
@@ -45,7 +45,7 @@ class EnginePreprocessor(Stage):
 
     def process(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> dict[str, np.ndarray]:
         request = self.build_request(inputs, parameters)
-        return {tensors.ENGINE_REQUEST.name: tensors.document_tensor(tensors.ENGINE_REQUEST, request.to_json())}
+        return {tensors.ENGINE_REQUEST.name: tensors.document_tensor(tensors.ENGINE_REQUEST, encode_request(request))}
 
     @staticmethod
     def stream_and_exclude_input(inputs: Mapping[str, np.ndarray]) -> tuple[bool, bool]:

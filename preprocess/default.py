@@ -97,7 +97,7 @@ class Preprocessor(EnginePreprocessor):
             stream=stream,
             echo="" if exclude_input else prompt,
             prompt_token_ids=token_ids,
-            images=[image.to_wire() for image in images] or None,
+            images=images or None,
         )
 
     def fit_to_context(self, prompt_tokens: int, sampling: dict[str, Any]) -> None:

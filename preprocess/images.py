@@ -21,12 +21,12 @@ import binascii
 import io
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.interface import InvalidInput
+from core.protocol import RgbImage
 
 DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024  # encoded (decoded from base64) bytes per image
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # width * height per image
@@ -63,17 +63,6 @@ class ImageLimits(BaseModel):
             ) from None
 
 
-@dataclass(frozen=True)
-class DecodedImage:
-    width: int
-    height: int
-    rgb: bytes  # width * height * 3 bytes, row-major
-
-    def to_wire(self) -> dict[str, Any]:
-        """The form in EngineRequest.images (JSON): raw RGB, base64."""
-        return {"width": self.width, "height": self.height, "rgb": base64.b64encode(self.rgb).decode("ascii")}
-
-
 def _payload(source: str, where: str) -> str:
     """The base64 text of a `data:` URL or of raw base64; anything else (http URLs, files) is refused."""
     source = source.strip()
@@ -90,7 +79,8 @@ def _payload(source: str, where: str) -> str:
     return source
 
 
-def decode_image(source: str | bytes, limits: ImageLimits, where: str) -> DecodedImage:
+def decode_image(source: str | bytes, limits: ImageLimits, where: str) -> RgbImage:
+    """One checked image, decoded to the raw RGB pixels the engine request carries."""
     from PIL import Image, UnidentifiedImageError
 
     text = source.decode("ascii", "replace") if isinstance(source, bytes) else source
@@ -131,10 +121,10 @@ def decode_image(source: str | bytes, limits: ImageLimits, where: str) -> Decode
         ) from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:  # Pillow's errors for truncated/corrupt data
         raise InvalidInput(f"{where}: cannot decode the image ({exc})") from None
-    return DecodedImage(rgb.width, rgb.height, rgb.tobytes())
+    return RgbImage(rgb.width, rgb.height, rgb.tobytes())
 
 
-def decode_images(sources: Sequence[str | bytes], limits: ImageLimits, where: str) -> list[DecodedImage]:
+def decode_images(sources: Sequence[str | bytes], limits: ImageLimits, where: str) -> list[RgbImage]:
     if len(sources) > limits.max_images:
         raise InvalidInput(f"{where}: {len(sources)} images, more than max_images={limits.max_images} per request")
     _set_pillow_bomb_limit(limits.max_image_pixels)

@@ -6,7 +6,7 @@ postprocess stage per streamed response. Same workload both ways, in one run, al
     python tools/measure_detokenization.py --wire       # the stages' wire format per hop, no engine
 
 The engine runs as in the vllm_core model (core/engine.py, the repository's model.json), without Triton: each
-engine response is serialized to JSON as the core adapter does. "engine process" is this process (AsyncLLM's
+engine response is encoded as the core adapter does. "engine process" is this process (AsyncLLM's
 output processing, where vLLM detokenizes, plus the core's own work); the EngineCore child (the model) is
 reported apart. Postprocess CPU is the thread CPU time of `VllmBackendPostprocessor.process` per streamed
 response, replayed on the offloaded round's responses (all return_* outputs on).
@@ -53,12 +53,12 @@ def _children_cpu() -> float:
     return sum(p.cpu_seconds for p in process_table().values() if p.ppid == os.getpid())
 
 
-def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, float, list[str], int]:
-    from core.protocol import EngineRequest
+def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, float, list[bytes], int]:
+    from core.protocol import decode_request, encode_request, encode_response
 
     engine._sync_ids = sync_ids if offload else None  # the engine's switch (None: vLLM detokenizes)
     done = threading.Semaphore(0)
-    responses: list[str] = []
+    responses: list[bytes] = []
     tokens = [0]
     lock = threading.Lock()
 
@@ -66,9 +66,9 @@ def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, flo
         def emit(response, error, final):
             if error is not None:
                 raise error
-            text = response.to_json()  # what the core adapter sends to postprocess
+            raw = encode_response(response)  # what the core adapter sends to postprocess
             with lock:
-                responses.append(text)
+                responses.append(raw)
                 tokens[0] += sum(len(s.token_ids) for s in response.outputs)
             if final:
                 done.release()
@@ -77,7 +77,7 @@ def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, flo
 
     cpu0, child0, wall0 = time.process_time(), _children_cpu(), time.monotonic()
     for request in requests:
-        engine.submit(EngineRequest.from_json(request.to_json()), emit_for(), lambda: False)
+        engine.submit(decode_request(encode_request(request)), emit_for(), lambda: False)
     for _ in requests:
         done.acquire()
     wall = time.monotonic() - wall0
@@ -91,7 +91,7 @@ def micro(tokenizer_path: str, repeat: int = 20) -> None:
     from transformers import AutoTokenizer
     from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
 
-    from core.protocol import EngineResponse, SequenceDelta
+    from core.protocol import EngineResponse, SequenceDelta, encode_response
     from core.token_sync import sync_token_ids
     from core.token_windows import TokenWindows
 
@@ -119,15 +119,17 @@ def micro(tokenizer_path: str, repeat: int = 20) -> None:
     def responses(offload: bool) -> None:
         for token_id in output:
             delta = SequenceDelta(0, "", [token_id], context_ids=[token_id] if offload else None)
-            EngineResponse(
-                [delta], len(prompt), False, {"prompt_prefix": "", "return": []}, decode={} if offload else None
-            ).to_json()
+            encode_response(
+                EngineResponse(
+                    [delta], len(prompt), False, {"prompt_prefix": "", "return": []}, decode={} if offload else None
+                )
+            )
 
     for name, run in [
         ("vLLM incremental text decoding (what leaves the engine)", vllm_decode),
         ("core: token windows (what the engine does instead)", windows),
-        ("core: engine response JSON, vLLM decodes", lambda: responses(False)),
-        ("core: engine response JSON, postprocess decodes", lambda: responses(True)),
+        ("core: engine response encoded, vLLM decodes", lambda: responses(False)),
+        ("core: engine response encoded, postprocess decodes", lambda: responses(True)),
     ]:
         run()
         start = time.thread_time()
@@ -188,7 +190,14 @@ def wire(runs: int) -> None:
     import numpy as np
 
     from core.interface import RETURN_FLAGS
-    from core.protocol import EngineRequest, EngineResponse, merge_responses
+    from core.protocol import (
+        EngineRequest,
+        decode_request,
+        decode_response,
+        encode_request,
+        encode_response,
+        merge_responses,
+    )
     from core.vllm_io import to_engine_response
     from postprocess.vllm_backend import VllmBackendPostprocessor
 
@@ -196,10 +205,10 @@ def wire(runs: int) -> None:
     options = {"prompt_prefix": "", "return": [flag.name for flag in RETURN_FLAGS]}
 
     def core(output: Any, streamed: bool) -> bytes:
-        return to_engine_response(output, options, streamed=streamed).to_json().encode("utf-8")
+        return encode_response(to_engine_response(output, options, streamed=streamed))
 
     def generate(raw: bytes) -> bytes:
-        return merge_responses([EngineResponse.from_json(raw)]).to_json().encode("utf-8")
+        return encode_response(merge_responses([decode_response(raw)]))
 
     def postprocess(raw: bytes) -> dict[str, Any]:
         return stage.process({"engine_response": np.array([raw], dtype=np.object_)}, {})
@@ -223,8 +232,8 @@ def wire(runs: int) -> None:
         prompt_token_ids=list(range(1000, 1400)),
         postprocess_options=options,
     )
-    raw = request.to_json().encode("utf-8")
-    hop = _timed(lambda: EngineRequest.from_json(request.to_json().encode("utf-8")), runs)
+    raw = encode_request(request)
+    hop = _timed(lambda: decode_request(encode_request(request)), runs)
     print(f"{'engine_request, 400-token prompt':34s} {'preprocess encode + core decode':>27s} {hop:9.1f} {len(raw):7d}")
 
 
@@ -281,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         _round(engine, requests[:4], True, sync_ids)  # warm-up (and the logprobs op compile)
         _round(engine, requests[:4], False, sync_ids)
         totals = {True: [0.0, 0.0, 0.0, 0], False: [0.0, 0.0, 0.0, 0]}
-        offloaded: list[str] = []
-        texts: dict[bool, list[str]] = {}
+        offloaded: list[bytes] = []
+        texts: dict[bool, list[bytes]] = {}
         for r in range(args.rounds):
             for offload in (True, False) if r % 2 == 0 else (False, True):
                 cpu, child, wall, responses, tokens = _round(engine, requests, offload, sync_ids)
@@ -315,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
     samples = []
     for raw in offloaded:
-        tensor = np.array([raw.encode("utf-8")], dtype=np.object_)
+        tensor = np.array([raw], dtype=np.object_)
         start = time.thread_time_ns()
         stage.process({"engine_response": tensor}, {})
         samples.append((time.thread_time_ns() - start) / 1000)

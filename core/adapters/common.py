@@ -15,7 +15,7 @@ import triton_python_backend_utils as pb_utils
 from core.engine_config import resolve_path, resolve_paths
 from core.interface import ENGINE_RESPONSE, InvalidInput, TensorSpec, Unavailable
 from core.interface import document_tensor as interface_document_tensor
-from core.protocol import EngineResponse
+from core.protocol import EngineResponse, decode_response
 from core.stage import load_stage_class
 
 STAGE_FILE = "stage.json"
@@ -61,7 +61,7 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-def document_tensor(spec: TensorSpec, document: str) -> Any:
+def document_tensor(spec: TensorSpec, document: str | bytes) -> Any:
     """ENGINE_REQUEST or ENGINE_RESPONSE as a Triton tensor, in the shape the rendered configs declare."""
     return pb_utils.Tensor(spec.name, interface_document_tensor(spec, document))
 
@@ -83,7 +83,7 @@ class CoreResponses:
             tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
             if tensor is not None:
                 array = tensor.as_numpy()
-                yield array, EngineResponse.from_json(array.reshape(-1)[0])
+                yield array, decode_response(array.reshape(-1)[0])
 
 
 class GuardedSender:

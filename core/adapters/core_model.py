@@ -35,7 +35,7 @@ from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
 from core.metrics import stat_logger_factory
-from core.protocol import EngineRequest, EngineResponse
+from core.protocol import EngineResponse, decode_request, encode_response
 from core.settings import CoreSettings, load_settings
 
 
@@ -129,7 +129,7 @@ class CoreModel:
             if item.error is not None:
                 response = pb_utils.InferenceResponse(error=triton_error(item.error, item.sender.tagged))
             elif item.response is not None:
-                tensor = document_tensor(ENGINE_RESPONSE, item.response.to_json())
+                tensor = document_tensor(ENGINE_RESPONSE, encode_response(item.response))
                 response = pb_utils.InferenceResponse(output_tensors=[tensor])
             else:
                 response = None
@@ -163,8 +163,9 @@ class CoreModel:
             return
         try:
             tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
-            engine_request = EngineRequest.from_json(tensor.as_numpy().reshape(-1)[0])
-        except Exception as exc:  # noqa: BLE001
+            # Typed decoding: a wrong type or an unknown field fails here, naming it (core/protocol.py).
+            engine_request = decode_request(tensor.as_numpy().reshape(-1)[0])
+        except Exception as exc:  # noqa: BLE001 - a missing tensor, not JSON, or not an EngineRequest
             outbox.put(Outgoing(sender, None, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"), True))
             return
         key = str(parameters.get(CANCEL_KEY_PARAMETER, ""))

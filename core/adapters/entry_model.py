@@ -31,7 +31,7 @@ from core.adapters.common import (
 from core.adapters.generate_model import GenerateModel
 from core.engine_config import resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
-from core.protocol import EngineResponse, merge_responses
+from core.protocol import EngineResponse, encode_response, merge_responses
 from core.settings import EntrySettings
 
 
@@ -134,7 +134,7 @@ class EntryModel(GenerateModel):
             return
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
-        merged = np.array([merge_responses(deltas).to_json().encode("utf-8")], dtype=np.object_)
+        merged = np.array([encode_response(merge_responses(deltas))], dtype=np.object_)
         outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: merged}, {})
         sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=final)
 

@@ -21,7 +21,7 @@ from core.adapters.common import (
     version_dir,
 )
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
-from core.protocol import merge_responses
+from core.protocol import encode_response, merge_responses
 from core.settings import GenerateSettings, load_settings
 
 
@@ -75,7 +75,7 @@ class GenerateModel:
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
         merged = merge_responses(deltas)
-        return pb_utils.InferenceResponse(output_tensors=[document_tensor(ENGINE_RESPONSE, merged.to_json())])
+        return pb_utils.InferenceResponse(output_tensors=[document_tensor(ENGINE_RESPONSE, encode_response(merged))])
 
     def _core_request(self, engine_request: Any, parameters: dict[str, Any]) -> Any:
         """A BLS request to the core: one engine request (or a control request), its ENGINE_RESPONSE asked for."""

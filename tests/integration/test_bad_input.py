@@ -17,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.hostile_requests import CASES, FRONTEND_PARSE_ERRORS, GRPC_BYTES_CASES, Case
-from tests.support.triton_helpers import PLAIN_MODEL, env_int
+from tests.support.triton_helpers import PLAIN_MODEL, env_int, grpc_stream
 
 pytestmark = pytest.mark.server
 
+CORE_MODEL = "vllm_core"  # the default deployment's names.core
 BOUND_SECONDS = 60  # generous: the machine is shared; a hang is what this catches
 VALID = {"text_input": "The quick brown fox", "parameters": {"temperature": 0, "max_tokens": 4}}
 
@@ -84,6 +85,30 @@ def test_non_utf8_prompt_over_grpc_is_invalid_arg(server, grpc_client, steady_va
         grpc_client.infer(PLAIN_MODEL, [tensor], client_timeout=BOUND_SECONDS)
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value
     assert "utf-8" in str(info.value).lower() or "text_input" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            '{"sampling": {"max_tokens": 4}, "prompt_token_ids": [1, "2"]}',
+            "Expected `int`, got `str` - at `$.prompt_token_ids[1]`",
+        ),
+        ('{"sampling": {"max_tokens": 4}, "prompt": "Hi", "promt": "Hi"}', "Object contains unknown field `promt`"),
+    ],
+)
+def test_the_core_refuses_an_engine_request_of_the_wrong_shape_naming_the_field(
+    server, steady_valid_traffic, document, message
+):
+    """A caller of the core itself (a deployment's own preprocess, or a client) gets the typed decoder's message."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    tensor = grpcclient.InferInput("engine_request", [1, 1], "BYTES")  # the core batches: [batch, 1]
+    tensor.set_data_from_numpy(np.array([[document.encode()]], dtype=np.object_))
+    with pytest.raises(InferenceServerException) as info:
+        grpc_stream(server.grpc_url, [tensor], model=CORE_MODEL, timeout=BOUND_SECONDS)
+    assert f"engine_request: malformed ({message})" in str(info.value), info.value
 
 
 _KEYS = [

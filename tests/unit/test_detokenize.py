@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.interface import ENGINE_RESPONSE, document_tensor
-from core.protocol import EngineResponse, SequenceDelta, merge_responses
+from core.protocol import EngineResponse, SequenceDelta, TokenLogprob, encode_response, merge_responses
 from core.token_sync import REPLACEMENT, sync_token_ids
 from core.token_windows import TokenWindows
 from postprocess.detokenize import Detokenizer, NoDetokenizer, detokenize
@@ -91,7 +91,7 @@ def _deltas(case, prompt, output, sizes, finish, logprobs, decode):
         context, num_prompt = windows.next_window(0, chunk)
         positions = None
         if logprobs is not None:
-            positions = [{str(t): [-0.5, 1, None] for t in logprobs[i]} for i in range(start, start + size)]
+            positions = [{str(t): TokenLogprob(-0.5, 1) for t in logprobs[i]} for i in range(start, start + size)]
         delta = SequenceDelta(0, "", chunk, finish if last else None, None, None, positions, context, num_prompt)
         responses.append(EngineResponse([delta], len(prompt), last, {}, decode=dict(decode)))
         start += size
@@ -180,7 +180,7 @@ def test_logprob_decoded_tokens_equal_vllm(cases, name, data):
     ours = []
     for response in _deltas(case, prompt, output, sizes, "length", positions, decode):
         for position in detokenize(response, case.detokenizer).outputs[0].logprobs:
-            ours.append([entry[2] for entry in position.values()])
+            ours.append([entry.decoded_token for entry in position.values()])
     # a dict keeps one entry per id: compare on the distinct ids, as vLLM's dict does
     expected = [
         [text for _, text in dict(zip(p, texts, strict=True)).items()]
@@ -192,13 +192,14 @@ def test_logprob_decoded_tokens_equal_vllm(cases, name, data):
 def test_prompt_logprobs_use_the_previous_prompt_tokens_as_context(cases):
     case = cases["byte_level"]
     prompt = case.tokenizer.encode("你好世界 Grüße", add_special_tokens=False)
-    positions = [None] + [{str(t): [-1.0, 1, None]} for t in prompt[1:]]
+    positions = [None] + [{str(t): TokenLogprob(-1.0, 1)} for t in prompt[1:]]
     response = EngineResponse(
         [], len(prompt), True, {}, decode={"skip_special_tokens": True}, prompt_logprobs=positions
     )
     detokenize(response, case.detokenizer)
     expected = _vllm_logprob_tokens(case, [[t] for t in prompt[1:]])
-    assert [None if p is None else [e[2] for e in p.values()] for p in response.prompt_logprobs] == [None, *expected]
+    decoded = [None if p is None else [e.decoded_token for e in p.values()] for p in response.prompt_logprobs]
+    assert decoded == [None, *expected]
 
 
 def test_windows_stay_small_for_real_text(cases):
@@ -227,7 +228,7 @@ def test_a_stage_without_a_tokenizer_passes_decoded_text_and_refuses_ids_to_deco
     assert isinstance(stage.detokenizer, NoDetokenizer)
 
     def run(response: EngineResponse) -> dict[str, np.ndarray]:
-        return stage.process({ENGINE_RESPONSE.name: document_tensor(ENGINE_RESPONSE, response.to_json())}, {})
+        return stage.process({ENGINE_RESPONSE.name: document_tensor(ENGINE_RESPONSE, encode_response(response))}, {})
 
     decoded = EngineResponse([SequenceDelta(0, "hello", [5, 6], "stop")], 3, True, {})
     assert run(decoded)["text_output"].tolist() == [b"hello"]

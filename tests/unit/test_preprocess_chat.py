@@ -195,8 +195,8 @@ def test_image_parts_become_placeholders_and_rgb_images(stage):
     request = _build(stage, messages, {"chat_template": STRING_TEMPLATE})
     # vLLM's string content format without interleaving: one placeholder per image, in front of the text.
     assert "user\n<image>\n<image>\nWhat is this?" in request.postprocess_options["prompt_prefix"]
-    assert [(i["width"], i["height"]) for i in request.images] == [(8, 8), (4, 2)]
-    assert base64.b64decode(request.images[0]["rgb"])[:3] == bytes([255, 0, 0])
+    assert [(i.width, i.height) for i in request.images] == [(8, 8), (4, 2)]
+    assert request.images[0].rgb[:3] == bytes([255, 0, 0])
     # The model's own (content-parts) template gets {"type": "image"} parts and renders what it renders.
     assert len(_build(stage, messages).images) == 2
 
@@ -204,7 +204,7 @@ def test_image_parts_become_placeholders_and_rgb_images(stage):
 def test_image_tensor_goes_with_text_input_only(stage):
     image = np.array([_b64(_png()).encode()], dtype=np.object_)
     request = stage.build_request({"text_input": _text("<image> hi"), "image": image}, {})
-    assert len(request.images) == 1 and request.images[0]["width"] == 8
+    assert len(request.images) == 1 and request.images[0].width == 8
     with pytest.raises(InvalidInput, match="send images as image_url parts"):
         _build(stage, USER_HI, image=image)
 

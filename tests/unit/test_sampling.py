@@ -200,10 +200,10 @@ def _vllm_accepts(checked: dict) -> None:
     model-dependent checks, such as vocabulary ranges or max_logprobs, are left to the engine)."""
     import vllm.envs
 
-    from core.protocol import EngineRequest
+    from core.protocol import EngineRequest, decode_request, encode_request
     from core.vllm_io import sampling_param_fields, sampling_params
 
-    request = EngineRequest.from_json(EngineRequest(sampling=checked).to_json())  # as it travels
+    request = decode_request(encode_request(EngineRequest(sampling=checked)))  # as it travels
     newer = set(checked) - {"lora_name"} - sampling_param_fields()
     for offload in (False, True):
         if checked.get("n", 1) > vllm.envs.VLLM_MAX_N_SEQUENCES:

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from core.interface import STREAM_ECHO_ERROR, InvalidInput
-from core.protocol import EngineRequest, EngineResponse, SequenceDelta, merge_responses
+from core.protocol import (
+    EngineRequest,
+    EngineResponse,
+    SequenceDelta,
+    TokenLogprob,
+    decode_request,
+    encode_response,
+    merge_responses,
+)
 from postprocess.openai import OpenAIPostprocessor
 from preprocess.raw import RawPreprocessor
 
@@ -20,7 +28,7 @@ def _text(value: str) -> np.ndarray:
 
 def _raw(**inputs) -> EngineRequest:
     stage = RawPreprocessor({"max_logprobs": 5, "lora_names": ["a"], "tokenizer": "ignored"})
-    return EngineRequest.from_json(stage.process(inputs, {})["engine_request"].item())
+    return decode_request(stage.process(inputs, {})["engine_request"].item())
 
 
 def test_raw_preprocess_sends_the_prompt_text_as_it_is():
@@ -58,7 +66,8 @@ def _response(
 
 def _document(response: EngineResponse) -> dict:
     stage = OpenAIPostprocessor({"model_name": "chat_model"})
-    raw = stage.process({"engine_response": _text(response.to_json())}, {})["chat_completion"]
+    encoded = np.array([encode_response(response)], dtype=np.object_)
+    raw = stage.process({"engine_response": encoded}, {})["chat_completion"]
     assert raw.shape == (1,)
     return json.loads(raw[0])
 
@@ -86,8 +95,8 @@ def test_openai_postprocess_turns_stream_deltas_into_chunks_and_a_whole_answer_i
 def test_openai_postprocess_logprobs_name_the_sampled_token_and_the_alternatives():
     response = _response("ab", [5, 6], True, False, "stop")
     response.outputs[0].logprobs = [
-        {"5": [-0.1, 1, "a"], "9": [-2.5, 2, "z"]},
-        {"8": [-0.2, 1, "y"], "6": [-1.5, 3, "b"]},  # the sampled token need not be the top one
+        {"5": TokenLogprob(-0.1, 1, "a"), "9": TokenLogprob(-2.5, 2, "z")},
+        {"8": TokenLogprob(-0.2, 1, "y"), "6": TokenLogprob(-1.5, 3, "b")},  # the sampled token need not be the top one
     ]
     content = _document(response)["choices"][0]["logprobs"]["content"]
     assert [(c["token"], c["logprob"]) for c in content] == [("a", -0.1), ("b", -1.5)]

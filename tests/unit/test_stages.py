@@ -10,7 +10,19 @@ import numpy as np
 import pytest
 
 from core.interface import ENGINE_RESPONSE, STREAM_ECHO_ERROR, InvalidInput, document_tensor
-from core.protocol import EngineRequest, EngineResponse, SequenceDelta, merge_responses
+from core.protocol import (
+    DecodeError,
+    EngineRequest,
+    EngineResponse,
+    RgbImage,
+    SequenceDelta,
+    TokenLogprob,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    merge_responses,
+)
 from postprocess.vllm_backend import VllmBackendPostprocessor
 from preprocess.default import Preprocessor
 
@@ -26,7 +38,7 @@ def _text(value: str) -> np.ndarray:
 
 def _request(preprocessor, **inputs) -> EngineRequest:
     out = preprocessor.process(inputs, {})
-    return EngineRequest.from_json(out["engine_request"].item())
+    return decode_request(out["engine_request"].item())
 
 
 def test_preprocess_tokenizes_like_the_model_tokenizer(preprocessor):
@@ -71,7 +83,7 @@ def test_preprocess_rejects_prompts_that_leave_no_room_to_generate(preprocessor)
 
 def _sampling(preprocessor, prompt: str, sampling: dict) -> dict:
     inputs = {"text_input": _text(prompt), "sampling_parameters": _text(json.dumps(sampling))}
-    return EngineRequest.from_json(preprocessor.process(inputs, {})["engine_request"].item()).sampling
+    return decode_request(preprocessor.process(inputs, {})["engine_request"].item()).sampling
 
 
 def test_preprocess_accepts_max_tokens_beyond_the_context_and_clamps_it_to_the_room_left(preprocessor):
@@ -99,7 +111,13 @@ def _response(**options) -> EngineResponse:
     return EngineResponse(
         outputs=[
             SequenceDelta(
-                0, "bonjour", [5, 6], "length", None, -1.5, [{"5": [-0.5, 1, "bon"]}, {"6": [-1.0, 1, "jour"]}]
+                0,
+                "bonjour",
+                [5, 6],
+                "length",
+                None,
+                -1.5,
+                [{"5": TokenLogprob(-0.5, 1, "bon")}, {"6": TokenLogprob(-1.0, 1, "jour")}],
             ),
             SequenceDelta(1, "hi", [7], None, None, None, None),
         ],
@@ -110,7 +128,7 @@ def _response(**options) -> EngineResponse:
 
 
 def _post(response: EngineResponse) -> dict[str, np.ndarray]:
-    raw = document_tensor(ENGINE_RESPONSE, response.to_json())
+    raw = document_tensor(ENGINE_RESPONSE, encode_response(response))
     return VllmBackendPostprocessor({}).process({"engine_response": raw}, {})
 
 
@@ -153,7 +171,7 @@ def test_merge_joins_deltas_per_sequence():
         (1, "xy", [9, 8], "length"),
     ]
     assert merged.finished and merged.num_input_tokens == 4 and merged.postprocess_options == {"k": 1}
-    assert EngineResponse.from_json(merged.to_json()) == merged
+    assert decode_response(encode_response(merged)) == merged
     with pytest.raises(ValueError):
         merge_responses([])
 
@@ -172,3 +190,60 @@ def test_merge_takes_the_window_of_the_first_delta_with_tokens():
     seq = merged.outputs[0]
     assert (seq.token_ids, seq.context_ids, seq.context_prompt_tokens) == ([7, 8, 9], [5, 6], 2)
     assert merged.decode == {}
+
+
+# The wire format (core/protocol.py) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (b'{"sampling": {}, "prompt_token_ids": [1, "2"]}', "Expected `int`, got `str` - at `$.prompt_token_ids[1]`"),
+        (b'{"sampling": [], "prompt_token_ids": [1]}', "Expected `object`, got `array` - at `$.sampling`"),
+        (b'{"sampling": {}, "stream": "yes"}', "Expected `bool`, got `str` - at `$.stream`"),
+        (b'{"sampling": {}, "images": [{"width": 2, "height": 1}]}', "missing required field `rgb` - at `$.images[0]`"),
+        (b'{"sampling": {}, "promt": "Hi"}', "Object contains unknown field `promt`"),
+        (b'{"prompt": "Hi"}', "Object missing required field `sampling`"),
+        (b'{"sampling": {}', "Input data was truncated"),
+        (b"sampling=1", "JSON is malformed"),
+    ],
+)
+def test_an_engine_request_of_the_wrong_shape_is_refused_naming_the_field(document, message):
+    # The core answers these with INVALID_ARG "engine_request: malformed (<this message>)" (test_bad_input.py)
+    with pytest.raises(DecodeError, match=re.escape(message)):
+        decode_request(document)
+
+
+def test_an_engine_request_round_trips_with_its_images_as_base64_json():
+    request = EngineRequest(
+        sampling={"max_tokens": 3, "seed": 2**70, "stop": ["\n"]},
+        prompt_token_ids=[1, 2],
+        images=[RgbImage(2, 1, bytes([255, 0, 0, 0, 0, 255]))],
+        postprocess_options={"prompt_prefix": "Grüße", "return": []},
+    )
+    encoded = encode_request(request)
+    assert json.loads(encoded)["images"] == [{"width": 2, "height": 1, "rgb": "/wAAAAD/"}]  # readable JSON
+    assert decode_request(encoded) == request
+
+
+def test_token_logprobs_round_trip_every_float_the_engine_gives():
+    """-inf is what vLLM gives tokens that top-k/top-p masked (logprobs_mode processed_logprobs): JSON has no -inf,
+    so engine_response is MessagePack; the public logprobs keep Python json's text for it, as before."""
+    entries = {"5": TokenLogprob(-0.25, 1, "Grü"), "9": TokenLogprob(-math.inf, 2), "7": TokenLogprob(-1e-05, None)}
+    response = EngineResponse(
+        [SequenceDelta(0, "Grü", [5], "length", None, -0.25, [entries])],
+        3,
+        True,
+        {"prompt_prefix": "", "return": ["return_logprobs"]},
+        prompt_logprobs=[None, {"4": TokenLogprob(-3.5, 7, "x")}],
+    )
+    decoded = decode_response(encode_response(response))
+    assert decoded == response
+    assert decoded.outputs[0].logprobs[0]["9"] == TokenLogprob(logprob=-math.inf, rank=2, decoded_token=None)
+    nan = decode_response(encode_response(EngineResponse([SequenceDelta(0, "", [], None, None, math.nan)], 0, True)))
+    assert math.isnan(nan.outputs[0].cumulative_logprob)
+    assert _post(response)["logprobs"][0] == (
+        b'[{"5": {"logprob": -0.25, "rank": 1, "decoded_token": "Gr\\u00fc"},'
+        b' "9": {"logprob": -Infinity, "rank": 2, "decoded_token": null},'
+        b' "7": {"logprob": -1e-05, "rank": null, "decoded_token": null}}]'
+    )
