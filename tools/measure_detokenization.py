@@ -190,14 +190,7 @@ def wire(runs: int) -> None:
     import numpy as np
 
     from core.interface import RETURN_FLAGS
-    from core.protocol import (
-        EngineRequest,
-        decode_request,
-        decode_response,
-        encode_request,
-        encode_response,
-        merge_responses,
-    )
+    from core.protocol import EngineRequest, decode_request, encode_request, encode_response, whole_answer
     from core.vllm_io import to_engine_response
     from postprocess.vllm_backend import VllmBackendPostprocessor
 
@@ -208,7 +201,7 @@ def wire(runs: int) -> None:
         return encode_response(to_engine_response(output, options, streamed=streamed))
 
     def generate(raw: bytes) -> bytes:
-        return encode_response(merge_responses([decode_response(raw)]))
+        return whole_answer([raw])
 
     def postprocess(raw: bytes) -> dict[str, Any]:
         return stage.process({"engine_response": np.array([raw], dtype=np.object_)}, {})

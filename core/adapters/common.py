@@ -15,7 +15,6 @@ import triton_python_backend_utils as pb_utils
 from core.engine_config import resolve_path, resolve_paths
 from core.interface import ENGINE_RESPONSE, InvalidInput, TensorSpec, Unavailable
 from core.interface import document_tensor as interface_document_tensor
-from core.protocol import EngineResponse, decode_response
 from core.stage import load_stage_class
 
 STAGE_FILE = "stage.json"
@@ -67,23 +66,23 @@ def document_tensor(spec: TensorSpec, document: str | bytes) -> Any:
 
 
 class CoreResponses:
-    """The core's responses to one BLS request, read to the end: each as its ENGINE_RESPONSE array and the parsed
-    EngineResponse. A response with an error is not yielded but kept in `error` (the last one), and reading goes on,
-    so the iterator is drained either way before the caller releases it."""
+    """The core's responses to one BLS request, read to the end: each as its ENGINE_RESPONSE array, still encoded
+    (the caller decodes only what it needs: core/protocol.py's whole_answer, peek_response). A response with an
+    error is not yielded but kept in `error` (the last one), and reading goes on, so the iterator is drained either
+    way before the caller releases it."""
 
     def __init__(self, iterator: Any) -> None:
         self.iterator = iterator
         self.error: Any = None
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, EngineResponse]]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         for child_response in self.iterator:
             if child_response.has_error():
                 self.error = child_response.error()
                 continue
             tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
             if tensor is not None:
-                array = tensor.as_numpy()
-                yield array, decode_response(array.reshape(-1)[0])
+                yield tensor.as_numpy()
 
 
 class GuardedSender:

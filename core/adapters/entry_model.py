@@ -31,7 +31,7 @@ from core.adapters.common import (
 from core.adapters.generate_model import GenerateModel
 from core.engine_config import resolve_paths
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
-from core.protocol import EngineResponse, encode_response, merge_responses
+from core.protocol import peek_response, whole_answer
 from core.settings import EntrySettings
 
 
@@ -100,15 +100,16 @@ class EntryModel(GenerateModel):
         try:
             iterator = child.exec(decoupled=True)
             responses = CoreResponses(iterator)
-            deltas: list[EngineResponse] = []
+            deltas: list[bytes] = []  # encoded, as generate keeps them
             last: list[Any] | None = None  # a stream's last outputs: sent with FINAL after the release barrier
             abandoned = False
-            for array, delta in responses:
+            for array in responses:
                 if self.streaming:
                     if abandoned:
                         continue  # drain the core's remaining responses; the abort is on its way
                     outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: array}, {})
-                    if delta.finished:
+                    # postprocess decodes the delta; here only `finished` is read (the rest is skipped unbuilt)
+                    if peek_response(array.reshape(-1)[0]).finished:
                         last = outputs
                         continue
                     try:
@@ -118,7 +119,7 @@ class EntryModel(GenerateModel):
                         if self._claim(key):
                             self._abort([key], sender)
                 else:
-                    deltas.append(delta)
+                    deltas.append(array.reshape(-1)[0])
         finally:
             with self._live_lock:
                 self._live.pop(key, None)
@@ -134,7 +135,7 @@ class EntryModel(GenerateModel):
             return
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
-        merged = np.array([encode_response(merge_responses(deltas))], dtype=np.object_)
+        merged = np.array([whole_answer(deltas)], dtype=np.object_)
         outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: merged}, {})
         sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=final)
 

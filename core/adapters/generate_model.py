@@ -21,7 +21,7 @@ from core.adapters.common import (
     version_dir,
 )
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
-from core.protocol import encode_response, merge_responses
+from core.protocol import whole_answer
 from core.settings import GenerateSettings, load_settings
 
 
@@ -68,14 +68,13 @@ class GenerateModel:
             raise InvalidInput(f"{ENGINE_REQUEST.name} is missing")
         iterator = self._core_request(engine_request, {CODE_TAG_PARAMETER: True}).exec(decoupled=True)
         responses = CoreResponses(iterator)
-        deltas = [delta for _, delta in responses]
+        deltas = [array.reshape(-1)[0] for array in responses]  # encoded: a lone whole answer is not decoded here
         self._release(iterator, sender)
         if responses.error is not None:
             return pb_utils.InferenceResponse(error=child_error(responses.error))
         if not deltas:
             raise Unavailable(f"{self.core_model} returned no response")
-        merged = merge_responses(deltas)
-        return pb_utils.InferenceResponse(output_tensors=[document_tensor(ENGINE_RESPONSE, encode_response(merged))])
+        return pb_utils.InferenceResponse(output_tensors=[document_tensor(ENGINE_RESPONSE, whole_answer(deltas))])
 
     def _core_request(self, engine_request: Any, parameters: dict[str, Any]) -> Any:
         """A BLS request to the core: one engine request (or a control request), its ENGINE_RESPONSE asked for."""

@@ -14,6 +14,7 @@ from core.protocol import (
     DecodeError,
     EngineRequest,
     EngineResponse,
+    ResponseHeader,
     RgbImage,
     SequenceDelta,
     TokenLogprob,
@@ -22,6 +23,8 @@ from core.protocol import (
     encode_request,
     encode_response,
     merge_responses,
+    peek_response,
+    whole_answer,
 )
 from postprocess.vllm_backend import VllmBackendPostprocessor
 from preprocess.default import Preprocessor
@@ -247,3 +250,17 @@ def test_token_logprobs_round_trip_every_float_the_engine_gives():
         b' "9": {"logprob": -Infinity, "rank": 2, "decoded_token": null},'
         b' "7": {"logprob": -1e-05, "rank": null, "decoded_token": null}}]'
     )
+
+
+def test_whole_answer_passes_a_lone_answer_as_it_is_and_merges_streamed_deltas():
+    answer = encode_response(EngineResponse([SequenceDelta(0, "ab", [1, 2], "length")], 4, True, request_id="r"))
+    assert whole_answer([answer]) is answer  # the plain path: neither decoded nor encoded again
+    deltas = [
+        EngineResponse([SequenceDelta(0, "a", [1])], 4, False, streamed=True),
+        EngineResponse([SequenceDelta(0, "b", [2], "length")], 4, True, streamed=True),
+    ]
+    merged = decode_response(whole_answer([encode_response(d) for d in deltas]))
+    assert merged == merge_responses(deltas) and not merged.streamed and merged.outputs[0].text == "ab"
+    lone_delta = decode_response(whole_answer([encode_response(deltas[1])]))
+    assert not lone_delta.streamed  # a stream of one delta still becomes a whole answer
+    assert peek_response(encode_response(deltas[0])) == ResponseHeader(finished=False, streamed=True)
