@@ -35,9 +35,9 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
-def process_tree(root: int) -> list[int]:
-    """`root` and every process below it."""
-    children = _children_map()
+def process_tree(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """`root` and every process below it (in `children`, a snapshot of /proc, when given)."""
+    children = _children_map() if children is None else children
     tree, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -81,8 +81,11 @@ class EnginePlacement:
         """Place every process under `root`: vLLM's engine processes under `engine_root` (default: `root`) on the
         engine's CPUs, all others (another deployment's engine too) off them. Returns (engine pids, other pids).
         An engine CPU this machine does not let us use (outside the container's cpuset) raises OSError."""
-        engine = [pid for pid in process_tree(root if engine_root is None else engine_root) if is_engine_process(pid)]
-        other = [pid for pid in process_tree(root) if pid not in engine]
+        children = _children_map()
+        tree = process_tree(root, children)
+        engine_tree = tree if engine_root is None else process_tree(engine_root, children)
+        engine = [pid for pid in engine_tree if is_engine_process(pid)]
+        other = [pid for pid in tree if pid not in engine]
         for pid in other:
             pin_process(pid, self.other_cpus)
         for pid in engine:

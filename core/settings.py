@@ -39,8 +39,8 @@ class HealthSettings(Settings):
     restart_backoff_seconds: float = Field(1.0, ge=0, le=3600)
 
 
-class SenderSettings(Settings):
-    """How the core sends its responses; deployment key `core`."""
+class CoreProcessSettings(Settings):
+    """The core's own process: how it sends its responses and where its engine runs; deployment key `core`."""
 
     # Threads that send the core's responses to Triton; each send is a round trip to tritonserver, so several
     # threads keep several in flight (a request stays on one thread: its responses keep their order).
@@ -64,7 +64,7 @@ class CoreSettings(Settings):
     # never wait). 0: every delta as soon as the core's sender is free (queued ones still merge).
     stream_interval_ms: int = Field(0, ge=0, le=1000)
     health: HealthSettings = Field(default_factory=HealthSettings)
-    core: SenderSettings = Field(default_factory=SenderSettings)
+    core: CoreProcessSettings = Field(default_factory=CoreProcessSettings)
 
 
 class GenerateSettings(Settings):

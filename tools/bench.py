@@ -845,8 +845,13 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     bare = [p for p in paths if p.startswith("bare")]
     if bare:
         progress.set_description(", ".join(bare))
-        spec = {"engine_args": setup.engine_args, "prompts": prompts, "levels": levels, "paths": bare}
-        spec["engine_cpus"] = setup.engine_cpus
+        spec = {
+            "engine_args": setup.engine_args,
+            "engine_cpus": setup.engine_cpus,
+            "prompts": prompts,
+            "levels": levels,
+            "paths": bare,
+        }
         for item in run_bare({**spec, "reps": args.reps}, out / "bare.log"):
             record(item["path"], item["rep"], item["level"], item["measured"])
             progress.update(item["level"]["requests"])

@@ -141,9 +141,8 @@ class CoreModel:
             self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
 
     def execute(self, requests: list[Any]) -> None:
-        # Measured on the H100 (README "Performance on a GPU"): each execute is a ~1 ms round trip between
-        # tritonserver and this stub whatever it does (moving the parsing below to a thread of its own changed
-        # nothing), so requests that arrive together queue for it.
+        # Each execute is a ~1 ms round trip between tritonserver and this stub whatever it does (measured on the
+        # H100, docs/performance-gpu.md): the rendered config batches, so requests that arrive together come in one.
         if self.stats is not None:
             self.stats.executed(len(requests))
         for request in requests:
