@@ -34,7 +34,8 @@ CPU seconds per 1k output tokens (all processes of the server's process group), 
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
 and the issue's targets. --profile adds Triton's per-model statistics and each server process's CPU per level,
 the core's own counters in the Triton log, and py-spy profiles (when py-spy is on PATH) of every Python process
-of the server during the largest level. Results go to OUT/results.json and OUT/bench.png.
+of the server during the largest level. Results go to OUT/results.json (rewritten after every level, so a command
+stopped by a time limit or a dead server keeps what it measured; it then exits 1) and OUT/bench.png.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -77,6 +80,7 @@ BENCH_ENGINE_OVERRIDES = {"max_model_len": 1024, "kv_cache_memory_bytes": 1 << 3
 STREAMED_PATHS = ("bare-stream", "vllm-serve-stream", "stream-grpc", "vllm-backend-stream")
 TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "vllm-backend-stream")
 VLLM_BACKEND_MODEL = "vllm_backend"
+SERVE_CLIENT_KEEPALIVE_S = 2.0  # below `vllm serve`'s own keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default)
 
 
 def is_streamed(path: str) -> bool:
@@ -366,7 +370,11 @@ class VllmServe:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        # vLLM's uvicorn closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s); aiohttp keeps idle ones 15 s,
+        # so after a long concurrency-1 level the next level reused connections the server was closing (measured on
+        # the H100: "Server disconnected" at 256 tokens x 16). Drop them first.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=SERVE_CLIENT_KEEPALIVE_S)
+        self._http = aiohttp.ClientSession(connector=connector)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -583,6 +591,42 @@ def load_runs(results_file: Path) -> list[LevelResult]:
     ]
 
 
+class ResultsFile:
+    """OUT/results.json, rewritten (atomically) after every measured level: a command stopped by a time limit or a
+    crashed server keeps what it measured, and a later `--merge` command goes on from there. With `merge`, the
+    runs already in the file stay and this command's repetitions continue their numbering per path."""
+
+    def __init__(self, path: Path, merge: bool, command: str, deployment: str) -> None:
+        self.path = path
+        self.earlier = load_runs(path) if merge else []
+        earlier_commands = json.loads(path.read_text()).get("commands", []) if self.earlier else []
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.commands = [*earlier_commands, {"command": command, "started": started}]
+        self.deployment = deployment
+        self.results: list[LevelResult] = []
+
+    def add(self, result: LevelResult) -> None:
+        result.rep += 1 + max((r.rep for r in self.earlier if r.path == result.path), default=-1)
+        self.results.append(result)
+        self.write()
+
+    def write(self) -> dict[str, Any]:
+        everything = self.earlier + self.results
+        rows = summarize(everything)
+        doc = {
+            "commands": self.commands,
+            "deployment": self.deployment,
+            "summary": rows,
+            "targets": target_lines(rows),
+            "runs": [asdict(r) for r in everything],
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps(doc, indent=1))
+        partial.replace(self.path)
+        return doc
+
+
 def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
     rows = []
     keys = sorted({(r.path, r.max_tokens, r.concurrency) for r in results}, key=lambda k: (k[1], k[0], k[2]))
@@ -728,7 +772,8 @@ def plot(rows: list[dict[str, Any]], target: Path) -> None:
         )
         for ax in axes[i]:
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:  # no TTFT lines when no streamed path ran
+                ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(target, dpi=110)
 
@@ -812,7 +857,7 @@ async def run_vllm_serve(args, setup: BenchSetup, paths, levels, prompts, record
         await serve.stop()
 
 
-async def run_all(args: argparse.Namespace) -> list[LevelResult]:
+async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], None]) -> None:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -837,10 +882,9 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     paths += [f"extra-stream:{n}" for n in args.extra_stream_model]
     total = sum(level["requests"] for level in levels) * args.reps * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
-    results: list[LevelResult] = []
 
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
-        results.append(LevelResult(path, level["max_tokens"], level["concurrency"], rep, level["requests"], **measured))
+        on_result(LevelResult(path, level["max_tokens"], level["concurrency"], rep, level["requests"], **measured))
 
     bare = [p for p in paths if p.startswith("bare")]
     if bare:
@@ -862,7 +906,6 @@ async def run_all(args: argparse.Namespace) -> list[LevelResult]:
     if triton:
         await run_triton(args, setup, triton, levels, prompts, tokenizer, record, progress)
     progress.close()
-    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -896,38 +939,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.variables = dict(args.set)
 
-    started = time.time()
-    results_file = args.out / "results.json"
-    earlier = load_runs(results_file) if args.merge else []
-    results = asyncio.run(run_all(args))
-    # Repetitions of a merged run continue the numbering of the runs already there.
-    for path in {r.path for r in results}:
-        offset = 1 + max((r.rep for r in earlier if r.path == path), default=-1)
-        for r in results:
-            if r.path == path:
-                r.rep += offset
-    everything = earlier + results
-    rows = summarize(everything)
-    commands = (json.loads(results_file.read_text()).get("commands", []) if args.merge and earlier else []) + [
-        {
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        }
-    ]
-    doc = {
-        "commands": commands,
-        "deployment": str(args.deployment or "deployments/default.yaml + BENCH_ENGINE_OVERRIDES"),
-        "summary": rows,
-        "targets": target_lines(rows),
-        "runs": [asdict(r) for r in everything],
-    }
-    results_file.write_text(json.dumps(doc, indent=1))
-    plot(rows, args.out / "bench.png")
-    print_table(rows)
+    results = ResultsFile(
+        args.out / "results.json",
+        merge=args.merge,
+        command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        deployment=str(args.deployment or "deployments/default.yaml + BENCH_ENGINE_OVERRIDES"),
+    )
+    stopped: BaseException | None = None
+    try:
+        asyncio.run(run_all(args, results.add))
+    except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured
+        stopped = exc
+        traceback.print_exc()
+    doc = results.write()
+    plot(doc["summary"], args.out / "bench.png")
+    print_table(doc["summary"])
     print()
     for line in doc["targets"]:
         print(line)
-    print(f"\nresults: {results_file}  plot: {args.out / 'bench.png'}")
+    print(f"\nresults: {results.path}  plot: {args.out / 'bench.png'}")
+    if stopped is not None:
+        print(f"bench: stopped early ({type(stopped).__name__}: {stopped}); the table holds what was measured")
+        return 1
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench import LevelResult, baseline_of, load_runs, summarize, target_lines
+from tools.bench import LevelResult, ResultsFile, baseline_of, load_runs, summarize, target_lines
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -59,3 +59,46 @@ def test_a_results_file_loads_back_for_merging(tmp_path: Path):
     (loaded,) = load_runs(results)
     assert loaded.path == "bare" and loaded.tokens_per_second == 100
     assert load_runs(tmp_path / "missing.json") == []
+
+
+def test_the_results_file_holds_every_level_as_soon_as_it_is_measured(tmp_path: Path):
+    # A command stopped by the GPU machine's time limit must keep the levels it finished.
+    target = tmp_path / "out" / "results.json"
+    results = ResultsFile(target, merge=False, command="bench.py --paths bare", deployment="d.yaml")
+    results.add(_run("bare", 100))
+    assert [r.path for r in load_runs(target)] == ["bare"]
+    results.add(_run("plain-grpc", 90))
+    doc = json.loads(target.read_text())
+    assert [r["path"] for r in doc["runs"]] == ["bare", "plain-grpc"]
+    assert [row["ratio"] for row in doc["summary"] if row["path"] == "plain-grpc"] == [pytest.approx(0.9)]
+    assert [c["command"] for c in doc["commands"]] == ["bench.py --paths bare"]
+    assert not list(target.parent.glob("*.partial"))
+
+
+def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_after_theirs(tmp_path: Path):
+    target = tmp_path / "results.json"
+    first = ResultsFile(target, merge=True, command="first", deployment="d.yaml")
+    first.add(_run("bare", 100, rep=0))
+    first.add(_run("bare", 110, rep=1))
+    second = ResultsFile(target, merge=True, command="second", deployment="d.yaml")
+    second.add(_run("bare", 120, rep=0))
+    second.add(_run("plain-grpc", 90, rep=0))
+    runs = load_runs(target)
+    assert [(r.path, r.rep) for r in runs] == [("bare", 0), ("bare", 1), ("bare", 2), ("plain-grpc", 0)]
+    assert [c["command"] for c in json.loads(target.read_text())["commands"]] == ["first", "second"]
+    # Without --merge the file starts over.
+    ResultsFile(target, merge=False, command="third", deployment="d.yaml").add(_run("bare", 1))
+    assert [(r.path, r.rep) for r in load_runs(target)] == [("bare", 0)]
+
+
+def test_a_run_that_dies_midway_keeps_its_levels_and_exits_non_zero(tmp_path: Path, monkeypatch, capsys):
+    import tools.bench as bench
+
+    async def dies_after_one_level(args, on_result):
+        on_result(_run("bare", 100))
+        raise RuntimeError("Server disconnected")
+
+    monkeypatch.setattr(bench, "run_all", dies_after_one_level)
+    assert bench.main(["--paths", "bare,vllm-serve", "--out", str(tmp_path)]) == 1
+    assert [r.path for r in load_runs(tmp_path / "results.json")] == ["bare"]
+    assert "stopped early (RuntimeError: Server disconnected)" in capsys.readouterr().out
