@@ -582,13 +582,12 @@ def add_vllm_backend(setup: BenchSetup, source: Path) -> None:
 
 
 def load_runs(results_file: Path) -> list[LevelResult]:
-    if not results_file.exists():
-        return []
+    return _runs_of(json.loads(results_file.read_text())) if results_file.exists() else []
+
+
+def _runs_of(doc: dict[str, Any]) -> list[LevelResult]:
     known = {f.name for f in fields(LevelResult)}
-    return [
-        LevelResult(**{k: v for k, v in run.items() if k in known})
-        for run in json.loads(results_file.read_text())["runs"]
-    ]
+    return [LevelResult(**{k: v for k, v in run.items() if k in known}) for run in doc.get("runs", [])]
 
 
 class ResultsFile:
@@ -598,8 +597,9 @@ class ResultsFile:
 
     def __init__(self, path: Path, merge: bool, command: str, deployment: str) -> None:
         self.path = path
-        self.earlier = load_runs(path) if merge else []
-        earlier_commands = json.loads(path.read_text()).get("commands", []) if self.earlier else []
+        earlier = json.loads(path.read_text()) if merge and path.exists() else {}
+        self.earlier = _runs_of(earlier)
+        earlier_commands = earlier.get("commands", []) if self.earlier else []
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.commands = [*earlier_commands, {"command": command, "started": started}]
         self.deployment = deployment
@@ -610,21 +610,22 @@ class ResultsFile:
         self.results.append(result)
         self.write()
 
-    def write(self) -> dict[str, Any]:
+    def document(self) -> dict[str, Any]:
         everything = self.earlier + self.results
         rows = summarize(everything)
-        doc = {
+        return {
             "commands": self.commands,
             "deployment": self.deployment,
             "summary": rows,
             "targets": target_lines(rows),
             "runs": [asdict(r) for r in everything],
         }
+
+    def write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(json.dumps(doc, indent=1))
+        partial.write_text(json.dumps(self.document(), indent=1))
         partial.replace(self.path)
-        return doc
 
 
 def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
@@ -737,6 +738,8 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(rows: list[dict[str, Any]], target: Path) -> None:
+    if not rows:  # a run that measured nothing: no plot (and an earlier one stays)
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -951,7 +954,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured
         stopped = exc
         traceback.print_exc()
-    doc = results.write()
+    # Written after each level already; a run that measured nothing leaves an earlier file as it was.
+    doc = results.document()
     plot(doc["summary"], args.out / "bench.png")
     print_table(doc["summary"])
     print()

@@ -102,3 +102,17 @@ def test_a_run_that_dies_midway_keeps_its_levels_and_exits_non_zero(tmp_path: Pa
     assert bench.main(["--paths", "bare,vllm-serve", "--out", str(tmp_path)]) == 1
     assert [r.path for r in load_runs(tmp_path / "results.json")] == ["bare"]
     assert "stopped early (RuntimeError: Server disconnected)" in capsys.readouterr().out
+
+
+def test_a_run_that_measures_nothing_leaves_an_earlier_results_file_as_it_was(tmp_path: Path, monkeypatch):
+    import tools.bench as bench
+
+    ResultsFile(tmp_path / "results.json", merge=False, command="earlier", deployment="d.yaml").add(_run("bare", 100))
+    before = (tmp_path / "results.json").read_text()
+
+    async def dies_at_once(args, on_result):
+        raise RuntimeError("vllm serve exited")
+
+    monkeypatch.setattr(bench, "run_all", dies_at_once)
+    assert bench.main(["--paths", "vllm-serve", "--out", str(tmp_path)]) == 1
+    assert (tmp_path / "results.json").read_text() == before
