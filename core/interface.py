@@ -126,9 +126,9 @@ VLLM_BACKEND_OUTPUTS = (TEXT_OUTPUT, FINISH_REASON, CUMULATIVE_LOGPROB, LOGPROBS
 # Internal tensors between the stages. Each is one document, a typed msgspec Struct (core/protocol.py): a request
 # or a response carries few, heterogeneous fields, and postprocess must get its per-request options through the core
 # (a step after a decoupled step may only consume that step's outputs, docs/platform-notes.md T2).
-# Shape [1, 1]: the first dimension is the core's batch dimension. The core batches (max_batch_size > 0, dims
-# [1]) so that requests arriving together enter it in one `execute`, one round trip between tritonserver and its
-# stub instead of one each (docs/performance-gpu.md); the stages around it do not batch and see [1, 1].
+# Shape [1, 1]: the first dimension is the batch dimension of the core and generate. They batch (max_batch_size > 0,
+# dims [1]) so that requests arriving together enter them in one `execute`, one round trip between tritonserver and
+# a stub instead of one each (docs/performance-gpu.md); the stages around them do not batch and see [1, 1].
 ENGINE_REQUEST = TensorSpec("engine_request", "TYPE_STRING", (1, 1), doc="validated engine request (JSON)")
 ENGINE_RESPONSE = TensorSpec("engine_response", "TYPE_STRING", (1, 1), doc="one engine delta or final (MessagePack)")
 

@@ -14,8 +14,9 @@ from repo_render.pbtxt import HEADER, _ensemble, _python_model, _step
 from repo_render.schema import BUILTIN_STAGES, BUILTIN_STAGES_PATHS, ROOT, ConfigError, Deployment
 from repo_render.stages import check_wiring, code_dirs, load_stage, stage_path
 
-# The most requests the core takes in one execute: more than any engine batch (vLLM queues the rest itself).
-CORE_MAX_BATCH_SIZE = 1024
+# The most requests the core, or generate, takes in one execute: more than any engine batch (vLLM queues the rest
+# itself).
+INTAKE_MAX_BATCH_SIZE = 1024
 
 
 def _model_py(adapter: str, role: str) -> str:
@@ -139,7 +140,7 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         decoupled=True,
         # Requests that arrive together enter the core in one execute (~1 ms round trip each on an H100 host;
         # a burst of 256 streams waited up to ~250 ms for it): docs/performance-gpu.md.
-        max_batch_size=CORE_MAX_BATCH_SIZE,
+        max_batch_size=INTAKE_MAX_BATCH_SIZE,
     )
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
     files[f"{names.core}/1/model.json"] = _json(engine_args)
@@ -152,6 +153,9 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         *core_io,
         deployment.generate.instances,
         "KIND_CPU",
+        # As the core: each execute only hands its requests to worker threads, but is a ~1 ms stub round trip; a burst
+        # of 128 plain requests queued 8 ms each in front of 4 unbatched instances (H100, docs/performance-gpu.md).
+        max_batch_size=INTAKE_MAX_BATCH_SIZE,
     )
     generate = GenerateSettings(core_model=names.core, max_in_flight=deployment.generate.max_in_flight)
     files[f"{names.generate}/1/{SETTINGS_FILE}"] = _settings(generate)
