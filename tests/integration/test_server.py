@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 
 from core.interface import STREAM_ECHO_ERROR
 from tests.support.hostile_requests import CONTEXT
@@ -185,6 +186,30 @@ def test_concurrent_plain_requests_run_together(grpc_client, record_property):
     record_property("concurrency16_over_single", round(ratio, 2))
     print(f"\n16 concurrent plain requests: {sixteen:.3f} s; one request: {one:.3f} s; ratio {ratio:.2f} (serial = 16)")
     assert ratio < 8, f"16 concurrent requests took {ratio:.1f}x one request: requests are being serialized"
+
+
+def _counts(server, model: str) -> tuple[int, int]:
+    """(requests, executes) of a model so far, from Triton's statistics."""
+    reply = requests.get(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10)
+    reply.raise_for_status()
+    (stats,) = reply.json()["model_stats"]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def test_a_burst_of_plain_requests_enters_generate_in_fewer_executes(server, grpc_client):
+    # generate batches its intake (max_batch_size > 0, no queue delay) as the core does: requests that arrive
+    # together share one execute, one round trip into its process instead of one each (docs/performance-gpu.md).
+    # Its one instance is busy handing out the first request while the others queue, so a burst of 32 must batch.
+    sampling = {"temperature": 0, "max_tokens": 2, "ignore_eos": True}
+    before = _counts(server, "generate")
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda i: grpc_infer(grpc_client, f"burst {i}", sampling), range(32)))
+    after = _counts(server, "generate")
+    assert all(text_of(r) for r in results)
+    requests_done, executes = after[0] - before[0], after[1] - before[1]
+    print(f"\ngenerate: {requests_done} requests in {executes} executes")
+    assert requests_done == 32
+    assert executes < requests_done, "every request had an execute of its own: generate's intake did not batch"
 
 
 BAD_SAMPLING = [
