@@ -4,7 +4,7 @@ same model, engine args and engine environment (those of one deployment file).
     .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
         [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge] [--profile] [--quick]
-        [--out .bench]
+        [--max-requests 512] [--out .bench]
 
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
@@ -28,7 +28,8 @@ Each engine starts once per command: the bare worker runs both bare paths, one `
 one tritonserver every Triton path; `--reps` repeats the levels inside. `--merge` adds this command's runs to
 OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
-concurrency level with a bounded number of requests; one warm-up round per path and level is not counted.
+concurrency level with 4 requests per stream (at least 8, at most --max-requests); one warm-up round per path
+and level is not counted.
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
@@ -137,8 +138,14 @@ def build_prompts(tokenizer_dir: str | Path, count: int = 16) -> list[list[int]]
     return prompts
 
 
-def requests_for(concurrency: int, quick: bool) -> int:
-    return max(8, min(512, 4 * concurrency)) // (4 if quick else 1)
+# Requests per level: four per stream, at least 8 and at most this many. At 256 streams the cap makes a level two
+# waves of requests lasting a few seconds on an H100, which is most of the spread of its ratios between leases
+# (docs/performance-gpu.md); --max-requests 1024 gives it four waves, like the other levels, at twice the time.
+DEFAULT_MAX_REQUESTS = 512
+
+
+def requests_for(concurrency: int, quick: bool, max_requests: int = DEFAULT_MAX_REQUESTS) -> int:
+    return max(8, min(max_requests, 4 * concurrency)) // (4 if quick else 1)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -786,7 +793,7 @@ def plot(rows: list[dict[str, Any]], target: Path) -> None:
 
 def levels_for(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [
-        {"concurrency": c, "max_tokens": m, "requests": requests_for(c, args.quick)}
+        {"concurrency": c, "max_tokens": m, "requests": requests_for(c, args.quick, args.max_requests)}
         for m in args.max_tokens
         for c in args.levels
     ]
@@ -932,6 +939,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests per level")
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=DEFAULT_MAX_REQUESTS,
+        help="requests per level are 4 x concurrency, at least 8 and at most this many (before --quick)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench import LevelResult, ResultsFile, baseline_of, load_runs, summarize, target_lines
+from tools.bench import (
+    LevelResult,
+    ResultsFile,
+    baseline_of,
+    load_runs,
+    requests_for,
+    summarize,
+    target_lines,
+)
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -116,3 +124,10 @@ def test_a_run_that_measures_nothing_leaves_an_earlier_results_file_as_it_was(tm
     monkeypatch.setattr(bench, "run_all", dies_at_once)
     assert bench.main(["--paths", "vllm-serve", "--out", str(tmp_path)]) == 1
     assert (tmp_path / "results.json").read_text() == before
+
+
+def test_requests_per_level_are_four_per_stream_within_the_bounds():
+    assert [requests_for(c, quick=False) for c in (1, 16, 64, 256)] == [8, 64, 256, 512]
+    assert requests_for(256, quick=False, max_requests=1024) == 1024  # four waves at 256 streams
+    assert requests_for(256, quick=True, max_requests=1024) == 256
+    assert requests_for(1, quick=False, max_requests=4) == 8  # never below 8
