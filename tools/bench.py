@@ -52,7 +52,6 @@ import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -196,17 +195,15 @@ def group_processes(pgid: int) -> dict[int, tuple[str, float]]:
 
 def triton_model_stats(server: TritonServer) -> dict[str, dict[str, float]]:
     """Cumulative per-model counts and times (ms) from Triton's /v2/models/stats."""
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/stats", timeout=10) as reply:
-        doc = json.loads(reply.read())
     stats = {}
-    for model in doc.get("model_stats", []):
+    for name, model in server.model_stats().items():
         inference = model.get("inference_stats", {})
         entry = {"executions": float(model.get("execution_count", 0))}
         for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
             item = inference.get(key, {})
             entry[f"{key}_count"] = float(item.get("count", 0))
             entry[f"{key}_ms"] = float(item.get("ns", 0)) / 1e6
-        stats[model["name"]] = entry
+        stats[name] = entry
     return stats
 
 

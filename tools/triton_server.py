@@ -287,6 +287,12 @@ class TritonServer:
             log.seek(self._log_start)
             return log.read().decode("utf-8", errors="replace")
 
+    def model_stats(self, model: str = "") -> dict[str, dict[str, Any]]:
+        """Triton's statistics per model name (`/v2/models[/MODEL]/stats`: counts and inference_stats), all models'
+        when `model` is empty."""
+        path = f"/v2/models/{model}/stats" if model else "/v2/models/stats"
+        return {entry["name"]: entry for entry in _http_json(f"http://{self.http_url}{path}").get("model_stats", [])}
+
     def public_models(self) -> dict[str, bool]:
         """The ready models a client calls, name -> streaming (decoupled): ensembles, and the BLS entry models of
         a rendered repository (Python models with a `stream` parameter). Read from the server's own configs."""

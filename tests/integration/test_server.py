@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from core.interface import STREAM_ECHO_ERROR
 from tests.support.hostile_requests import CONTEXT
@@ -190,9 +189,7 @@ def test_concurrent_plain_requests_run_together(grpc_client, record_property):
 
 def _counts(server, model: str) -> tuple[int, int]:
     """(requests, executes) of a model so far, from Triton's statistics."""
-    reply = requests.get(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10)
-    reply.raise_for_status()
-    (stats,) = reply.json()["model_stats"]
+    stats = server.model_stats(model)[model]
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 

@@ -10,10 +10,8 @@ folder and is gone after the stop.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -66,8 +64,7 @@ def _plain_deadlines(server: TritonServer, count: int) -> None:
 
 
 def _core_requests_done(server: TritonServer) -> int:
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/vllm_core/stats", timeout=10) as reply:
-        stats = json.loads(reply.read())["model_stats"][0]["inference_stats"]
+    stats = server.model_stats("vllm_core")["vllm_core"]["inference_stats"]
     return stats["success"]["count"] + stats["fail"]["count"]
 
 
