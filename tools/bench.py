@@ -4,7 +4,7 @@ same model, engine args and engine environment (those of one deployment file).
     .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
         [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge] [--profile] [--quick]
-        [--max-requests 512] [--out .bench]
+        [--max-requests 512] [--client-processes 1] [--out .bench]
 
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
@@ -23,6 +23,10 @@ as it is (engine args, engine_env, instance counts, stream pacing, entry kind); 
 get the same engine args and environment, and the prompts come from the deployment's tokenizer.
 --vllm-backend DIR: the `src/` folder of a checkout of triton-inference-server/vllm_backend; its model is added to
 the rendered repository as `vllm_backend` (same engine args), so it is measured in the same server.
+
+--client-processes K: every path but the bare ones sends each level from K client processes, each with its own
+event loop and connection and its share of the streams (tools/bench_clients.py); one Python client driving 256
+streams is busy enough to delay the responses it times. The bare paths' client is always the engine's own process.
 
 Each engine starts once per command: the bare worker runs both bare paths, one `vllm serve` both of its paths,
 one tritonserver every Triton path; `--reps` repeats the levels inside. `--merge` adds this command's runs to
@@ -64,6 +68,15 @@ if str(ROOT) not in sys.path:
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
 from repo_render.substitute import set_argument  # noqa: E402
+from tools.bench_clients import (  # noqa: E402
+    SERVE_MODEL_NAME,
+    ClientSpec,
+    InProcessRunner,
+    ProcessPoolRunner,
+    Prompt,
+    Sample,
+    open_runner,
+)
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
 from tools.triton_server import (  # noqa: E402
@@ -80,7 +93,6 @@ BENCH_ENGINE_OVERRIDES = {"max_model_len": 1024, "kv_cache_memory_bytes": 1 << 3
 STREAMED_PATHS = ("bare-stream", "vllm-serve-stream", "stream-grpc", "vllm-backend-stream")
 TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "vllm-backend-stream")
 VLLM_BACKEND_MODEL = "vllm_backend"
-SERVE_CLIENT_KEEPALIVE_S = 2.0  # below `vllm serve`'s own keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default)
 
 
 def is_streamed(path: str) -> bool:
@@ -89,13 +101,6 @@ def is_streamed(path: str) -> bool:
 
 def baseline_of(path: str) -> str:
     return "bare-stream" if is_streamed(path) else "bare"
-
-
-@dataclass
-class Sample:
-    latency: float
-    ttft: float | None
-    output_tokens: int
 
 
 @dataclass
@@ -156,22 +161,6 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def process_group_cpu(pgid: int) -> float:
     return sum(p.cpu_seconds for p in process_table().values() if p.pgid == pgid)
-
-
-async def run_level(send, prompts: list[list[int]], concurrency: int, total: int, max_tokens: int, progress):
-    """Run `total` requests with at most `concurrency` in flight; send(prompt_ids, max_tokens) -> Sample."""
-    gate = asyncio.Semaphore(concurrency)
-    samples: list[Sample] = []
-
-    async def one(i: int) -> None:
-        async with gate:
-            samples.append(await send(prompts[i % len(prompts)], max_tokens))
-            if progress is not None:
-                progress.update(1)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(total)))
-    return samples, time.perf_counter() - start
 
 
 # Server-side observation (--profile) ---------------------------------------------------------------------
@@ -252,93 +241,7 @@ def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subpr
     return recorders
 
 
-# Clients -------------------------------------------------------------------------------------------------
-
-
-class TritonPaths:
-    def __init__(self, server: TritonServer) -> None:
-        self.server = server
-        self._grpc = None
-        self._http = None
-
-    async def open(self) -> None:
-        import aiohttp
-        import tritonclient.grpc.aio as grpc_aio
-
-        self._grpc = grpc_aio.InferenceServerClient(self.server.grpc_url)
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-
-    async def close(self) -> None:
-        await self._grpc.close()
-        await self._http.close()
-
-    @staticmethod
-    def _inputs(module: Any, text: str, max_tokens: int, stream: bool) -> list[Any]:
-        import numpy as np
-
-        sampling = json.dumps({"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
-        arrays = [
-            ("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
-            ("sampling_parameters", np.array([sampling.encode()], dtype=np.object_), "BYTES"),
-            ("stream", np.array([stream]), "BOOL"),
-            ("exclude_input_in_output", np.array([True]), "BOOL"),
-        ]
-        inputs = []
-        for name, array, dtype in arrays:
-            tensor = module.InferInput(name, list(array.shape), dtype)
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        return inputs
-
-    def grpc_infer(self, model: str, tokenizer: Any):
-        import tritonclient.grpc.aio as grpc_aio
-
-        async def send(prompt: list[int], max_tokens: int) -> Sample:
-            start = time.perf_counter()
-            await self._grpc.infer(model, self._inputs(grpc_aio, tokenizer.decode(prompt), max_tokens, False))
-            return Sample(time.perf_counter() - start, None, max_tokens)
-
-        return send
-
-    def http_generate(self, model: str, tokenizer: Any):
-        async def send(prompt: list[int], max_tokens: int) -> Sample:
-            payload = {
-                "text_input": tokenizer.decode(prompt),
-                "exclude_input_in_output": True,
-                "parameters": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True},
-            }
-            start = time.perf_counter()
-            async with self._http.post(f"http://{self.server.http_url}/v2/models/{model}/generate", json=payload) as r:
-                body = await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
-            return Sample(time.perf_counter() - start, None, max_tokens)
-
-        return send
-
-    def grpc_stream(self, model: str, tokenizer: Any):
-        """One gRPC bidirectional stream per request, half-closed after the request (as stop_stream() does)."""
-        import tritonclient.grpc.aio as grpc_aio
-
-        async def send(prompt: list[int], max_tokens: int) -> Sample:
-            inputs = self._inputs(grpc_aio, tokenizer.decode(prompt), max_tokens, True)
-
-            async def requests():
-                yield {"model_name": model, "inputs": inputs, "request_id": "b"}
-
-            start = time.perf_counter()
-            ttft = None
-            async for result, error in self._grpc.stream_infer(requests()):
-                if error is not None:
-                    raise error
-                response = result.get_response()
-                if ttft is None and response.outputs:
-                    ttft = time.perf_counter() - start
-                if response.parameters["triton_final_response"].bool_param:
-                    break
-            return Sample(time.perf_counter() - start, ttft, max_tokens)
-
-        return send
+# Servers (the clients are in tools/bench_clients.py) ----------------------------------------------------
 
 
 class VllmServe:
@@ -352,7 +255,7 @@ class VllmServe:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port), "--served-model-name", "bench"]
+        cmd += ["--port", str(self.port), "--served-model-name", SERVE_MODEL_NAME]
         for key, value in self.engine_args.items():
             flag = "--" + key.replace("_", "-")
             if value is True:
@@ -374,11 +277,7 @@ class VllmServe:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        # vLLM's uvicorn closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s); aiohttp keeps idle ones 15 s,
-        # so after a long concurrency-1 level the next level reused connections the server was closing (measured on
-        # the H100: "Server disconnected" at 256 tokens x 16). Drop them first.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=SERVE_CLIENT_KEEPALIVE_S)
-        self._http = aiohttp.ClientSession(connector=connector)
+        self._http = aiohttp.ClientSession()  # for /health only
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -405,33 +304,6 @@ class VllmServe:
         if self._log_handle is not None:
             self._log_handle.close()
 
-    def client(self, stream: bool):
-        url = f"http://127.0.0.1:{self.port}/v1/completions"
-
-        async def send(prompt: list[int], max_tokens: int) -> Sample:
-            payload = {
-                "model": "bench",
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                "stream": stream,
-            }
-            start = time.perf_counter()
-            ttft = None
-            async with self._http.post(url, json=payload) as r:
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}: {(await r.read())[:200]!r}")
-                if stream:
-                    async for line in r.content:
-                        if ttft is None and line.startswith(b"data: ") and b'"text"' in line:
-                            ttft = time.perf_counter() - start
-                else:
-                    await r.read()
-            return Sample(time.perf_counter() - start, ttft, max_tokens)
-
-        return send
-
 
 # The bare engine, in a worker subprocess (its own process group, so its CPU is counted like a server's) ---
 
@@ -452,49 +324,52 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     def sender(stream: bool):
         kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
 
-        async def send(prompt: list[int], max_tokens: int) -> Sample:
+        async def send(prompt: Prompt, max_tokens: int) -> Sample:
             params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
             start = time.perf_counter()
             ttft = None
-            async for _ in llm.generate({"prompt_token_ids": prompt}, params, f"bare-{next(counter)}"):
+            async for _ in llm.generate({"prompt_token_ids": prompt.ids}, params, f"bare-{next(counter)}"):
                 if ttft is None:
                     ttft = time.perf_counter() - start
             return Sample(time.perf_counter() - start, ttft if stream else None, max_tokens)
 
         return send
 
+    prompts = [Prompt(ids, "") for ids in spec["prompts"]]
     results = []
     try:
         for rep in range(spec["reps"]):
             for path in spec["paths"]:
-                send = sender(path == "bare-stream")
+                runner = InProcessRunner(sender(path == "bare-stream"))
                 for level in spec["levels"]:
-                    measured = await measure(send, spec["prompts"], level, os.getpgid(0), None)
+                    measured = await measure(runner, prompts, level, os.getpgid(0), None)
                     results.append({"path": path, "rep": rep, "level": level, "measured": measured})
     finally:
         llm.shutdown()
     return results
 
 
-async def measure(send, prompts, level: dict[str, Any], pgid: int | None, progress, watch=None) -> dict[str, Any]:
-    await run_level(send, prompts, level["concurrency"], min(level["concurrency"], 16), level["max_tokens"], None)
+Runner = InProcessRunner | ProcessPoolRunner
+
+
+async def measure(
+    runner: Runner, prompts: list[Prompt], level: dict[str, Any], pgid: int | None, progress, watch=None
+) -> dict[str, Any]:
+    await runner.prepare(prompts, level["concurrency"], level["requests"], level["max_tokens"])  # warm-up
     cpu_before = process_group_cpu(pgid) if pgid else None
-    client_before = time.process_time()
     if watch is not None:
         watch.start()
-    samples, wall = await run_level(
-        send, prompts, level["concurrency"], level["requests"], level["max_tokens"], progress
-    )
+    run = await runner.run(progress)
     if watch is not None:
         watch.stop()
     cpu = process_group_cpu(pgid) - cpu_before if pgid else None
     return {
-        "wall": wall,
-        "output_tokens": sum(s.output_tokens for s in samples),
+        "wall": run.wall,
+        "output_tokens": sum(s.output_tokens for s in run.samples),
         "cpu_seconds": cpu,
-        "latencies": [round(s.latency, 5) for s in samples],
-        "ttfts": [round(s.ttft, 5) for s in samples if s.ttft is not None],
-        "client_cpu_seconds": time.process_time() - client_before,
+        "latencies": [round(s.latency, 5) for s in run.samples],
+        "ttfts": [round(s.ttft, 5) for s in run.samples if s.ttft is not None],
+        "client_cpu_seconds": run.client_cpu_seconds,
         "process_cpu": None if watch is None else watch.process_cpu,
         "triton_stats": None if watch is None else watch.triton_stats,
     }
@@ -800,7 +675,46 @@ def profiled_level(levels: list[dict[str, Any]]) -> dict[str, Any]:
     return max(levels, key=lambda level: (level["concurrency"], level["max_tokens"]))
 
 
-async def run_triton(args, setup: BenchSetup, paths, levels, prompts, tokenizer, record, progress) -> None:
+def triton_client_specs(paths: list[str], setup: BenchSetup, server: TritonServer) -> dict[str, ClientSpec]:
+    grpc, http = server.grpc_url, server.http_url
+    known = {
+        "plain-grpc": ClientSpec("grpc-infer", grpc, setup.plain),
+        "plain-http": ClientSpec("http-generate", http, setup.plain),
+        "stream-grpc": ClientSpec("grpc-stream", grpc, setup.streaming),
+        "vllm-backend-stream": ClientSpec("grpc-stream", grpc, VLLM_BACKEND_MODEL),
+    }
+    specs = {}
+    for path in paths:
+        if path.startswith("extra:"):
+            specs[path] = ClientSpec("grpc-infer", grpc, path.removeprefix("extra:"))
+        elif path.startswith("extra-stream:"):
+            specs[path] = ClientSpec("grpc-stream", grpc, path.removeprefix("extra-stream:"))
+        else:
+            specs[path] = known[path]
+    return specs
+
+
+async def measure_paths(args, specs: dict[str, ClientSpec], levels, prompts, pgid: int, triton, record, progress):
+    """Every repetition of every path's levels against one running server (its process group `pgid`)."""
+    runners = {path: await open_runner(spec, args.client_processes) for path, spec in specs.items()}
+    try:
+        for rep in range(args.reps):
+            for path, runner in runners.items():
+                progress.set_description(f"{path} (rep {rep + 1})")
+                for level in levels:
+                    watch = ServerWatch(pgid, triton) if args.profile else None
+                    recorders = []
+                    if args.profile and rep == 0 and level is profiled_level(levels):
+                        recorders = start_py_spy(pgid, args.profile_seconds, args.out / "profiles", path)
+                    record(path, rep, level, await measure(runner, prompts, level, pgid, progress, watch))
+                    for recorder in recorders:
+                        recorder.wait(timeout=args.profile_seconds + 30)
+    finally:
+        for runner in runners.values():
+            await runner.close()
+
+
+async def run_triton(args, setup: BenchSetup, paths, levels, prompts, record, progress) -> None:
     before = os.environ.get(CORE_STATS_KEY)
     if args.profile:
         os.environ[CORE_STATS_KEY] = "2"  # the core logs its counters every 2 s (core/core_stats.py)
@@ -812,32 +726,8 @@ async def run_triton(args, setup: BenchSetup, paths, levels, prompts, tokenizer,
         else:
             os.environ[CORE_STATS_KEY] = before
     try:
-        client = TritonPaths(server)
-        await client.open()
-        senders = {
-            "plain-grpc": client.grpc_infer(setup.plain, tokenizer),
-            "plain-http": client.http_generate(setup.plain, tokenizer),
-            "stream-grpc": client.grpc_stream(setup.streaming, tokenizer),
-            "vllm-backend-stream": client.grpc_stream(VLLM_BACKEND_MODEL, tokenizer),
-        }
-        for path in paths:
-            if path.startswith("extra:"):
-                senders[path] = client.grpc_infer(path.removeprefix("extra:"), tokenizer)
-            elif path.startswith("extra-stream:"):
-                senders[path] = client.grpc_stream(path.removeprefix("extra-stream:"), tokenizer)
-        pgid = server.process.pid
-        for rep in range(args.reps):
-            for path in paths:
-                progress.set_description(f"{path} (rep {rep + 1})")
-                for level in levels:
-                    watch = ServerWatch(pgid, server) if args.profile else None
-                    recorders = []
-                    if args.profile and rep == 0 and level is profiled_level(levels):
-                        recorders = start_py_spy(pgid, args.profile_seconds, args.out / "profiles", path)
-                    record(path, rep, level, await measure(senders[path], prompts, level, pgid, progress, watch))
-                    for recorder in recorders:
-                        recorder.wait(timeout=args.profile_seconds + 30)
-        await client.close()
+        specs = triton_client_specs(paths, setup, server)
+        await measure_paths(args, specs, levels, prompts, server.process.pid, server, record, progress)
     finally:
         server.stop()
 
@@ -848,18 +738,12 @@ async def run_vllm_serve(args, setup: BenchSetup, paths, levels, prompts, record
     if setup.engine_cpus:  # placed as the core places ours (core.engine_cpus)
         EnginePlacement(setup.engine_cpus).apply(serve.process.pid)
     try:
-        for rep in range(args.reps):
-            for path in paths:
-                progress.set_description(f"{path} (rep {rep + 1})")
-                for level in levels:
-                    watch = ServerWatch(serve.process.pid, None) if args.profile else None
-                    recorders = []
-                    if args.profile and rep == 0 and level is profiled_level(levels):
-                        recorders = start_py_spy(serve.process.pid, args.profile_seconds, args.out / "profiles", path)
-                    send = serve.client(path.endswith("stream"))
-                    record(path, rep, level, await measure(send, prompts, level, serve.process.pid, progress, watch))
-                    for recorder in recorders:
-                        recorder.wait(timeout=args.profile_seconds + 30)
+        address = f"127.0.0.1:{serve.port}"
+        specs = {
+            path: ClientSpec("openai-stream" if is_streamed(path) else "openai", address, SERVE_MODEL_NAME)
+            for path in paths
+        }
+        await measure_paths(args, specs, levels, prompts, serve.process.pid, None, record, progress)
     finally:
         await serve.stop()
 
@@ -882,8 +766,8 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         placement = EnginePlacement(setup.engine_cpus)
         pin_process(os.getpid(), placement.other_cpus)
         print(f"bench: {placement.describe()}", file=sys.stderr)
-    prompts = build_prompts(setup.tokenizer)
     tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer)
+    prompts = [Prompt(ids, tokenizer.decode(ids)) for ids in build_prompts(setup.tokenizer)]
     levels = levels_for(args)
     paths = list(args.paths) + [f"extra:{n}" for n in args.extra_model]
     paths += [f"extra-stream:{n}" for n in args.extra_stream_model]
@@ -899,7 +783,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         spec = {
             "engine_args": setup.engine_args,
             "engine_cpus": setup.engine_cpus,
-            "prompts": prompts,
+            "prompts": [prompt.ids for prompt in prompts],
             "levels": levels,
             "paths": bare,
         }
@@ -911,7 +795,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         await run_vllm_serve(args, setup, served, levels, prompts, record, progress)
     triton = [p for p in paths if p in TRITON_PATHS or p.startswith("extra")]
     if triton:
-        await run_triton(args, setup, triton, levels, prompts, tokenizer, record, progress)
+        await run_triton(args, setup, triton, levels, prompts, record, progress)
     progress.close()
 
 
@@ -941,6 +825,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=DEFAULT_MAX_REQUESTS,
         help="requests per level are 4 x concurrency, at least 8 and at most this many (before --quick)",
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="spread each level's streams over this many client processes (not the bare paths)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", nargs=2, type=Path, help=argparse.SUPPRESS)

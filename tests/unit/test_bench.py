@@ -16,6 +16,7 @@ from tools.bench import (
     summarize,
     target_lines,
 )
+from tools.bench_clients import split
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -131,3 +132,9 @@ def test_requests_per_level_are_four_per_stream_within_the_bounds():
     assert requests_for(256, quick=False, max_requests=1024) == 1024  # four waves at 256 streams
     assert requests_for(256, quick=True, max_requests=1024) == 256
     assert requests_for(1, quick=False, max_requests=4) == 8  # never below 8
+
+
+def test_a_level_spreads_over_client_processes_evenly_and_completely():
+    assert split(256, 4) == [64, 64, 64, 64]
+    assert split(10, 4) == [3, 3, 2, 2]
+    assert sum(split(513, 4)) == 513

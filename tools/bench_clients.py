@@ -1,0 +1,311 @@
+"""The benchmark's clients: how each served path is called, and how a level's streams are run, in this process or
+spread over several client processes.
+
+One Python process driving 256 gRPC streams is itself busy: on the H100 the single client used 0.6 of a core on
+average at 256 streams (tokens/s of ~16k, ~2k responses/s), and an asyncio loop that is that busy delays the
+responses it reads, most of all at the bursts where a wave of requests starts. `--client-processes K` spreads a
+level's streams over K processes with their own event loop and connection, each running its share of the
+concurrency and of the requests; the level's wall time is from the first process's start to the last one's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+# `vllm serve` closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default); aiohttp keeps idle ones
+# 15 s, so after a long concurrency-1 level the next level reused connections the server was closing (measured on
+# the H100: "Server disconnected" at 256 tokens x 16). Drop them first.
+SERVE_CLIENT_KEEPALIVE_S = 2.0
+SERVE_MODEL_NAME = "bench"  # the name `vllm serve` is started with (--served-model-name)
+
+
+@dataclass
+class Sample:
+    latency: float
+    ttft: float | None
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str  # the same prompt decoded: what the Triton paths send as text_input
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """What a client needs to call one path; plain data, so a client process can be given it."""
+
+    kind: str  # one of CLIENT_KINDS
+    address: str  # host:port of the server's gRPC or HTTP endpoint
+    model: str
+
+
+Send = Callable[[Prompt, int], Awaitable[Sample]]
+
+
+# Clients of the Triton paths ------------------------------------------------------------------------------
+
+
+def _triton_inputs(module: Any, text: str, max_tokens: int, stream: bool) -> list[Any]:
+    import numpy as np
+
+    sampling = json.dumps({"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
+    arrays = [
+        ("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
+        ("sampling_parameters", np.array([sampling.encode()], dtype=np.object_), "BYTES"),
+        ("stream", np.array([stream]), "BOOL"),
+        ("exclude_input_in_output", np.array([True]), "BOOL"),
+    ]
+    inputs = []
+    for name, array, dtype in arrays:
+        tensor = module.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+async def _grpc_client(spec: ClientSpec, stream: bool) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    import tritonclient.grpc.aio as grpc_aio
+
+    client = grpc_aio.InferenceServerClient(spec.address)
+
+    async def infer(prompt: Prompt, max_tokens: int) -> Sample:
+        inputs = _triton_inputs(grpc_aio, prompt.text, max_tokens, False)
+        start = time.perf_counter()
+        await client.infer(spec.model, inputs)
+        return Sample(time.perf_counter() - start, None, max_tokens)
+
+    async def streamed(prompt: Prompt, max_tokens: int) -> Sample:
+        """One gRPC bidirectional stream per request, half-closed after the request (as stop_stream() does)."""
+        inputs = _triton_inputs(grpc_aio, prompt.text, max_tokens, True)
+
+        async def requests():
+            yield {"model_name": spec.model, "inputs": inputs, "request_id": "b"}
+
+        start = time.perf_counter()
+        ttft = None
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                raise error
+            response = result.get_response()
+            if ttft is None and response.outputs:
+                ttft = time.perf_counter() - start
+            if response.parameters["triton_final_response"].bool_param:
+                break
+        return Sample(time.perf_counter() - start, ttft, max_tokens)
+
+    return (streamed if stream else infer), client.close
+
+
+async def _http_client(spec: ClientSpec, kind: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    import aiohttp
+
+    keepalive = SERVE_CLIENT_KEEPALIVE_S if kind.startswith("openai") else 15.0
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive))
+
+    async def generate(prompt: Prompt, max_tokens: int) -> Sample:
+        """Triton's HTTP /generate."""
+        payload = {
+            "text_input": prompt.text,
+            "exclude_input_in_output": True,
+            "parameters": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True},
+        }
+        start = time.perf_counter()
+        async with session.post(f"http://{spec.address}/v2/models/{spec.model}/generate", json=payload) as r:
+            body = await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+        return Sample(time.perf_counter() - start, None, max_tokens)
+
+    async def completions(prompt: Prompt, max_tokens: int) -> Sample:
+        """`vllm serve`'s /v1/completions, with the prompt's token ids."""
+        stream = kind == "openai-stream"
+        payload = {
+            "model": spec.model,
+            "prompt": prompt.ids,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": stream,
+        }
+        start = time.perf_counter()
+        ttft = None
+        async with session.post(f"http://{spec.address}/v1/completions", json=payload) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {(await r.read())[:200]!r}")
+            if stream:
+                async for line in r.content:
+                    if ttft is None and line.startswith(b"data: ") and b'"text"' in line:
+                        ttft = time.perf_counter() - start
+            else:
+                await r.read()
+        return Sample(time.perf_counter() - start, ttft, max_tokens)
+
+    return (generate if kind == "http-generate" else completions), session.close
+
+
+CLIENT_KINDS = ("grpc-infer", "grpc-stream", "http-generate", "openai", "openai-stream")
+
+
+async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    """The send function of a path's client, and how to close it."""
+    if spec.kind in ("grpc-infer", "grpc-stream"):
+        return await _grpc_client(spec, spec.kind == "grpc-stream")
+    if spec.kind in ("http-generate", "openai", "openai-stream"):
+        return await _http_client(spec, spec.kind)
+    raise ValueError(f"unknown client kind {spec.kind!r}; one of {', '.join(CLIENT_KINDS)}")
+
+
+# Running a level --------------------------------------------------------------------------------------------
+
+
+async def run_level(
+    send: Send, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int, progress: Any = None
+) -> tuple[list[Sample], float]:
+    """Run `total` requests with at most `concurrency` in flight; returns the samples and the wall time."""
+    gate = asyncio.Semaphore(concurrency)
+    samples: list[Sample] = []
+
+    async def one(i: int) -> None:
+        async with gate:
+            samples.append(await send(prompts[i % len(prompts)], max_tokens))
+            if progress is not None:
+                progress.update(1)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(total)))
+    return samples, time.perf_counter() - start
+
+
+def warm_up_requests(concurrency: int) -> int:
+    """The uncounted round before each level: up to 16 requests at the level's concurrency."""
+    return min(concurrency, 16)
+
+
+@dataclass
+class LevelRun:
+    samples: list[Sample]
+    wall: float
+    client_cpu_seconds: float
+
+
+class InProcessRunner:
+    """A level's streams on this process's event loop (the bare engine's own client is always this)."""
+
+    def __init__(self, send: Send, close: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.send = send
+        self._close = close
+
+    async def prepare(self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int) -> None:
+        """The level's uncounted warm-up round."""
+        self._level = (prompts, concurrency, total, max_tokens)
+        await run_level(self.send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
+
+    async def run(self, progress: Any = None) -> LevelRun:
+        cpu = time.process_time()
+        samples, wall = await run_level(self.send, *self._level, progress)
+        return LevelRun(samples, wall, time.process_time() - cpu)
+
+    async def close(self) -> None:
+        if self._close is not None:
+            await self._close()
+
+
+def split(count: int, parts: int) -> list[int]:
+    """`count` spread over `parts` as evenly as possible (the first ones get the remainder)."""
+    return [count // parts + (1 if i < count % parts else 0) for i in range(parts)]
+
+
+def _client_process(spec: ClientSpec, connection: Any) -> None:
+    asyncio.run(_serve_levels(spec, connection))
+
+
+async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
+    """A client process: for each level, warm up, say ready, wait for "go", run its share, report."""
+    send, close = await open_client(spec)
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            command = await loop.run_in_executor(None, connection.recv)
+            if command is None:
+                return
+            prompts, concurrency, total, max_tokens = command
+            try:
+                await run_level(send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
+                connection.send("ready")
+                await loop.run_in_executor(None, connection.recv)  # "go": every process starts together
+                cpu, start = time.process_time(), time.perf_counter()
+                samples, _ = await run_level(send, prompts, concurrency, total, max_tokens)
+                connection.send((start, time.perf_counter(), samples, time.process_time() - cpu))
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+                connection.send(RuntimeError(f"client process: {type(exc).__name__}: {exc}"))
+    finally:
+        await close()
+
+
+class ProcessPoolRunner:
+    """A level's streams spread over up to `processes` client processes (never more than the concurrency).
+
+    The processes start once and serve every level of the path; time.perf_counter is the system's monotonic
+    clock on Linux, so their start and end times compare across processes.
+    """
+
+    def __init__(self, spec: ClientSpec, processes: int) -> None:
+        context = multiprocessing.get_context("spawn")  # no fork of this process's threads and event loop
+        self._connections: list[Any] = []
+        self._processes: list[Any] = []
+        for _ in range(processes):
+            parent, child = context.Pipe()
+            process = context.Process(target=_client_process, args=(spec, child), daemon=True)
+            process.start()
+            self._connections.append(parent)
+            self._processes.append(process)
+        self._busy: list[Any] = []
+        self._total = 0
+
+    async def _receive(self, connection: Any) -> Any:
+        reply = await asyncio.get_running_loop().run_in_executor(None, connection.recv)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def prepare(self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int) -> None:
+        """Give each process its share of the level; each warms up with it. Returns when all are ready."""
+        self._busy = self._connections[: min(len(self._connections), concurrency)]
+        self._total = total
+        shares = zip(self._busy, split(concurrency, len(self._busy)), split(total, len(self._busy)), strict=True)
+        for connection, streams, requests in shares:
+            connection.send((prompts, streams, requests, max_tokens))
+        await asyncio.gather(*(self._receive(connection) for connection in self._busy))
+
+    async def run(self, progress: Any = None) -> LevelRun:
+        for connection in self._busy:
+            connection.send("go")
+        replies = await asyncio.gather(*(self._receive(connection) for connection in self._busy))
+        if progress is not None:
+            progress.update(self._total)
+        samples = [sample for reply in replies for sample in reply[2]]
+        wall = max(reply[1] for reply in replies) - min(reply[0] for reply in replies)
+        return LevelRun(samples, wall, sum(reply[3] for reply in replies))
+
+    async def close(self) -> None:
+        for connection in self._connections:
+            connection.send(None)
+        for process in self._processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+
+
+async def open_runner(spec: ClientSpec, processes: int) -> InProcessRunner | ProcessPoolRunner:
+    """The runner of one path: its client in this process (processes 1), or a pool of client processes."""
+    if processes > 1:
+        return ProcessPoolRunner(spec, processes)
+    return InProcessRunner(*await open_client(spec))
