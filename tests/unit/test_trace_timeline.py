@@ -1,0 +1,33 @@
+"""tools/trace_timeline.py's reading of Triton's trace file (its format as tritonserver 2.51 writes it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tools.trace_timeline import load_trace, timeline
+
+
+def _records(request: int, origin_ns: int) -> list[dict]:
+    ensemble, pre, post1, post2 = (request * 10 + k for k in range(4))
+    records = [{"id": ensemble, "model_name": "ens", "model_version": 1}]
+    records += [{"id": pre, "model_name": "preprocess", "parent_id": ensemble}]
+    records += [{"id": post1, "model_name": "postprocess", "parent_id": ensemble}]
+    records += [{"id": post2, "model_name": "postprocess", "parent_id": ensemble}]
+    stamps = [
+        (ensemble, "REQUEST_START", 0),
+        (pre, "COMPUTE_START", 1_000_000),
+        (post1, "REQUEST_START", 5_000_000 + request * 1_000_000),
+        (post2, "REQUEST_START", 9_000_000),
+    ]
+    records += [{"id": i, "timestamps": [{"name": n, "ns": origin_ns + ns}]} for i, n, ns in stamps]
+    return records
+
+
+def test_steps_are_timed_from_the_ensembles_start_with_the_first_execution_of_each_model(tmp_path: Path):
+    trace = tmp_path / "trace.json"
+    records = _records(1, 10**12) + _records(2, 2 * 10**12) + _records(3, 3 * 10**12)
+    trace.write_text(json.dumps(records)[:-1] + ",")  # tritonserver still running: the array is not closed
+    count, medians = timeline(load_trace(trace), "ens")
+    assert count == 3
+    assert medians == {"ens REQUEST_START": 0.0, "preprocess COMPUTE_START": 1.0, "postprocess REQUEST_START": 7.0}

@@ -1,0 +1,146 @@
+"""Where one request's time goes inside the server: Triton's own trace timestamps, per ensemble step.
+
+    .venv/bin/python tools/trace_timeline.py [--deployment FILE] [--requests 20] [--max-tokens 64] [--out DIR]
+
+Renders the deployment (as tools/bench.py does), starts tritonserver with tracing off, warms up, then turns
+Triton's TIMESTAMPS tracing on (its /v2/trace/setting API) and sends requests one at a time: streamed ones to the
+streaming ensemble, then 1-token plain ones to the plain ensemble. Prints the client's time to first token (and the
+plain requests' latency), then, per ensemble, every step's timestamps as the median over the requests in ms after
+the ensemble's REQUEST_START: when each model got the request, waited in its queue, computed, and (for the
+postprocess of the first delta) when the core's first response reached tritonserver. Only the first execution of
+each model per request is shown (a streamed request runs postprocess once per delta).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.bench import bench_repository, build_prompts  # noqa: E402
+from tools.bench_clients import ClientSpec, Prompt, open_client, run_level  # noqa: E402
+from tools.triton_server import start_on_free_ports  # noqa: E402
+
+TRACE_OFF = ["--trace-config=level=OFF", "--trace-config=rate=1", "--trace-config=count=-1"]
+
+
+def _post_json(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def load_trace(path: Path) -> dict[int, dict[str, Any]]:
+    """Triton's trace file (a JSON array of records, possibly unterminated) -> id -> model, parent, timestamps."""
+    text = path.read_text().strip()
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError:
+        records = json.loads(text.rstrip(",") + "]")
+    traces: dict[int, dict[str, Any]] = {}
+    for record in records:
+        trace = traces.setdefault(record["id"], {"model": None, "parent": None, "timestamps": []})
+        trace["model"] = record.get("model_name", trace["model"])
+        trace["parent"] = record.get("parent_id", trace["parent"])
+        trace["timestamps"] += [(t["name"], t["ns"]) for t in record.get("timestamps", [])]
+    return traces
+
+
+def timeline(traces: dict[int, dict[str, Any]], ensemble: str) -> tuple[int, dict[str, float]]:
+    """Median ms after the ensemble's REQUEST_START of each "<model> <event>" (first execution of each model)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for trace_id, trace in traces.items():
+        if trace["parent"] is not None:
+            children[trace["parent"]].append(trace_id)
+    offsets: dict[str, list[float]] = defaultdict(list)
+    count = 0
+    for trace_id, trace in traces.items():
+        starts = [ns for name, ns in trace["timestamps"] if name == "REQUEST_START"]
+        if trace["model"] != ensemble or not starts:
+            continue
+        count += 1
+        origin = min(starts)
+        events: dict[str, int] = {}
+        for name, ns in trace["timestamps"]:
+            events.setdefault(f"{ensemble} {name}", ns)
+        family, stack = [], list(children[trace_id])
+        while stack:
+            child = stack.pop()
+            family.append(child)
+            stack.extend(children[child])
+        family.sort(key=lambda child: min((ns for _, ns in traces[child]["timestamps"]), default=0))
+        seen: set[str] = set()
+        for child in family:
+            model = traces[child]["model"]
+            if model in seen:
+                continue
+            seen.add(model)
+            for name, ns in traces[child]["timestamps"]:
+                events.setdefault(f"{model} {name}", ns)
+        for key, ns in events.items():
+            offsets[key].append((ns - origin) / 1e6)
+    medians = {key: statistics.median(values) for key, values in offsets.items()}
+    return count, dict(sorted(medians.items(), key=lambda item: item[1]))
+
+
+async def measure(args: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    setup = bench_repository(args.out, args.deployment, {})
+    tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer)
+    prompts = [Prompt(ids, tokenizer.decode(ids)) for ids in build_prompts(setup.tokenizer)]
+    trace_file = args.out / "trace.json"
+    trace_file.unlink(missing_ok=True)
+    server = start_on_free_ports(
+        setup.repo, args.out / "triton.log", extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF]
+    )
+    try:
+        stream, close_stream = await open_client(ClientSpec("grpc-stream", server.grpc_url, setup.streaming))
+        plain, close_plain = await open_client(ClientSpec("grpc-infer", server.grpc_url, setup.plain))
+        await run_level(stream, prompts, 16, 64, args.max_tokens)  # warm-up, untraced
+        await run_level(plain, prompts, 16, 64, 1)
+        setting = f"http://{server.http_url}/v2/trace/setting"
+        _post_json(setting, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        ttfts, latencies = [], []
+        for i in range(args.requests):
+            ttfts.append((await stream(prompts[i % len(prompts)], args.max_tokens)).ttft * 1000)
+        for i in range(args.requests):
+            latencies.append((await plain(prompts[i % len(prompts)], 1)).latency * 1000)
+        _post_json(setting, {"trace_level": ["OFF"]})
+        await close_stream()
+        await close_plain()
+    finally:
+        server.stop()
+    print(f"client: streamed TTFT p50 {statistics.median(ttfts):.2f} ms (min {min(ttfts):.2f})")
+    print(f"client: plain 1-token latency p50 {statistics.median(latencies):.2f} ms (min {min(latencies):.2f})")
+    traces = load_trace(trace_file)
+    for ensemble in (setup.streaming, setup.plain):
+        count, medians = timeline(traces, ensemble)
+        print(f"\n{ensemble}: {count} requests traced; median ms after the ensemble's REQUEST_START")
+        for key, ms in medians.items():
+            print(f"  {ms:8.2f}  {key}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deployment", type=Path, help="the deployment file (default: the CPU bench set-up)")
+    parser.add_argument("--requests", type=int, default=20, help="traced requests per ensemble, one at a time")
+    parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of the streamed requests")
+    parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "trace")
+    asyncio.run(measure(parser.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
