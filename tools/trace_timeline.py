@@ -8,7 +8,9 @@ streaming ensemble, then 1-token plain ones to the plain ensemble. Prints the cl
 plain requests' latency), then, per ensemble, every step's timestamps as the median over the requests in ms after
 the ensemble's REQUEST_START: when each model got the request, waited in its queue, computed, and (for the
 postprocess of the first delta) when the core's first response reached tritonserver. Only the first execution of
-each model per request is shown (a streamed request runs postprocess once per delta).
+each model per request is shown (a streamed request runs postprocess once per delta). The core's own counters
+(core/core_stats.py: for each first response, the time from the core's `execute` to vLLM's first output, then in
+its sender queue, then the send) are on for this server, and their log lines for each phase are printed too.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
+import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -27,11 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from tools.bench import bench_repository, build_prompts  # noqa: E402
 from tools.bench_clients import ClientSpec, Prompt, open_client, run_level  # noqa: E402
 from tools.triton_server import start_on_free_ports  # noqa: E402
 
 TRACE_OFF = ["--trace-config=level=OFF", "--trace-config=rate=1", "--trace-config=count=-1"]
+CORE_STATS_SECONDS = 1.0
 
 
 def _post_json(url: str, body: dict[str, Any]) -> Any:
@@ -102,9 +108,20 @@ async def measure(args: argparse.Namespace) -> None:
     prompts = [Prompt(ids, tokenizer.decode(ids)) for ids in build_prompts(setup.tokenizer)]
     trace_file = args.out / "trace.json"
     trace_file.unlink(missing_ok=True)
+    os.environ[CORE_STATS_KEY] = str(CORE_STATS_SECONDS)  # inherited by tritonserver and the core's stub
+    log_file = args.out / "triton.log"
     server = start_on_free_ports(
-        setup.repo, args.out / "triton.log", extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF]
+        setup.repo, log_file, extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF]
     )
+    core_lines: dict[str, list[str]] = {}
+
+    def core_stats_since(offset: int) -> tuple[list[str], int]:
+        time.sleep(CORE_STATS_SECONDS + 0.5)  # the core logs each interval's counters at its end
+        text = log_file.read_bytes()
+        lines = text[offset:].decode("utf-8", "replace").splitlines()
+        found = [line[line.index("vllm_core stats") :].rstrip('"') for line in lines if "vllm_core stats" in line]
+        return found, len(text)
+
     try:
         stream, close_stream = await open_client(ClientSpec("grpc-stream", server.grpc_url, setup.streaming))
         plain, close_plain = await open_client(ClientSpec("grpc-infer", server.grpc_url, setup.plain))
@@ -112,11 +129,14 @@ async def measure(args: argparse.Namespace) -> None:
         await run_level(plain, prompts, 16, 64, 1)
         setting = f"http://{server.http_url}/v2/trace/setting"
         _post_json(setting, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        _, offset = core_stats_since(0)
         ttfts, latencies = [], []
         for i in range(args.requests):
             ttfts.append((await stream(prompts[i % len(prompts)], args.max_tokens)).ttft * 1000)
+        core_lines[setup.streaming], offset = core_stats_since(offset)
         for i in range(args.requests):
             latencies.append((await plain(prompts[i % len(prompts)], 1)).latency * 1000)
+        core_lines[setup.plain], offset = core_stats_since(offset)
         _post_json(setting, {"trace_level": ["OFF"]})
         await close_stream()
         await close_plain()
@@ -130,6 +150,9 @@ async def measure(args: argparse.Namespace) -> None:
         print(f"\n{ensemble}: {count} requests traced; median ms after the ensemble's REQUEST_START")
         for key, ms in medians.items():
             print(f"  {ms:8.2f}  {key}")
+        print(f"the core's counters while {ensemble} was traced (one line per {CORE_STATS_SECONDS:g} s):")
+        for line in core_lines.get(ensemble, []):
+            print(f"  {line}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,8 +39,10 @@ from core.protocol import EngineResponse, decode_request, encode_response
 from core.settings import CoreSettings, load_settings
 
 
-def _emitter(outbox: queue.SimpleQueue[Outgoing | None], sender: Any):
+def _emitter(outbox: queue.SimpleQueue[Outgoing | None], sender: Any, stats: CoreStats | None):
     def emit(response: EngineResponse | None, error: Exception | None, final: bool) -> None:
+        if stats is not None:
+            stats.emitted(id(sender))
         outbox.put(Outgoing(sender, response, error, final or error is not None))
 
     return emit
@@ -134,9 +136,11 @@ class CoreModel:
             else:
                 response = None
             start = time.perf_counter()
-            item.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if item.final else 0)
-            if self.stats is not None:
-                self.stats.sent(time.perf_counter() - start)
+            try:
+                item.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if item.final else 0)
+            finally:
+                if self.stats is not None:
+                    self.stats.sent(time.perf_counter() - start, id(item.sender))
         except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
             self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
 
@@ -152,6 +156,8 @@ class CoreModel:
     def _admit(self, request: Any) -> None:
         outbox = self._outboxes[next(self._next_outbox) % len(self._outboxes)]
         sender = GuardedSender(request.get_response_sender())
+        if self.stats is not None:
+            self.stats.admitted(id(sender))
         parameters = request_parameters(request)
         # A BLS caller (an entry model or generate) gets error codes in the message (see child_error)
         sender.tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
@@ -171,7 +177,7 @@ class CoreModel:
         # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
         # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
         # models see the client's cancel and abort by key instead.
-        self.engine.submit(engine_request, _emitter(outbox, sender), never_cancelled, key=key)
+        self.engine.submit(engine_request, _emitter(outbox, sender, self.stats), never_cancelled, key=key)
 
     def finalize(self) -> None:
         self.engine.shutdown()

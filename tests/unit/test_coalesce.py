@@ -152,3 +152,34 @@ def test_core_stats_count_requests_and_sends_per_snapshot():
     assert snap["send_mean_ms"] == pytest.approx(2.0)
     assert stats.snapshot()["sends"] == 0  # counters restart after each snapshot
     stats.stop()
+
+
+def test_core_stats_break_each_first_response_down_into_engine_queue_and_send():
+    import time
+
+    from core.core_stats import CoreStats
+
+    class Log:
+        def log_info(self, message: str) -> None:  # pragma: no cover - the thread logs only after its interval
+            pass
+
+    stats = CoreStats(Log(), interval=3600)
+    start = time.perf_counter()
+    stats.admitted("a")
+    stats.admitted("b")  # refused before vLLM gave it anything: its final send is not a first-response record
+    time.sleep(0.02)
+    stats.emitted("a")
+    first_output = time.perf_counter()
+    time.sleep(0.01)
+    stats.emitted("a")  # a later output of the same request changes nothing
+    time.sleep(0.005)
+    before_send_end = time.perf_counter()
+    stats.sent(0.002, "a")
+    stats.sent(0.001, "a")  # a's second response
+    stats.sent(0.001, "b")
+    snap = stats.snapshot()
+    assert snap["sends"] == 3 and snap["firsts"] == 1
+    assert 20 <= snap["first_engine_p50_ms"] <= 1000 * (first_output - start)
+    assert snap["first_queued_p50_ms"] >= 1000 * (before_send_end - first_output) - 2
+    assert snap["first_send_p50_ms"] == pytest.approx(2.0)
+    stats.stop()
