@@ -715,16 +715,9 @@ async def measure_paths(args, specs: dict[str, ClientSpec], levels, prompts, pgi
 
 
 async def run_triton(args, setup: BenchSetup, paths, levels, prompts, record, progress) -> None:
-    before = os.environ.get(CORE_STATS_KEY)
-    if args.profile:
-        os.environ[CORE_STATS_KEY] = "2"  # the core logs its counters every 2 s (core/core_stats.py)
-    try:
-        server = start_on_free_ports(setup.repo, args.out / "triton.log")
-    finally:
-        if before is None:
-            os.environ.pop(CORE_STATS_KEY, None)
-        else:
-            os.environ[CORE_STATS_KEY] = before
+    # --profile: the core logs its counters every 2 s (core/core_stats.py)
+    environment = {CORE_STATS_KEY: "2"} if args.profile else None
+    server = start_on_free_ports(setup.repo, args.out / "triton.log", environment=environment)
     try:
         specs = triton_client_specs(paths, setup, server)
         await measure_paths(args, specs, levels, prompts, server.process.pid, server, record, progress)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -108,10 +107,12 @@ async def measure(args: argparse.Namespace) -> None:
     prompts = [Prompt(ids, tokenizer.decode(ids)) for ids in build_prompts(setup.tokenizer)]
     trace_file = args.out / "trace.json"
     trace_file.unlink(missing_ok=True)
-    os.environ[CORE_STATS_KEY] = str(CORE_STATS_SECONDS)  # inherited by tritonserver and the core's stub
     log_file = args.out / "triton.log"
     server = start_on_free_ports(
-        setup.repo, log_file, extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF]
+        setup.repo,
+        log_file,
+        extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF],
+        environment={CORE_STATS_KEY: str(CORE_STATS_SECONDS)},
     )
     core_lines: dict[str, list[str]] = {}
 

@@ -170,6 +170,7 @@ class TritonServer:
         log_file: Path | None = None,
         exit_timeout_secs: int = 15,
         extra_args: list[str] | None = None,
+        environment: dict[str, str] | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
@@ -177,6 +178,7 @@ class TritonServer:
         self.log_file = log_file
         self.exit_timeout_secs = exit_timeout_secs
         self.extra_args = list(extra_args or [])
+        self.environment = dict(environment or {})  # added to the server's environment (its stubs inherit it)
         self.shm_prefix = f"tvllm{uuid.uuid4().hex[:8]}_"
         self.sem_prefix = f"mp-{self.shm_prefix}"  # /dev/shm/sem.mp-tvllm..._-<random>
         self.tmp_dir: Path | None = None  # created per start, removed at stop
@@ -222,7 +224,7 @@ class TritonServer:
         self._log_start = self.log_file.stat().st_size
         self.process = subprocess.Popen(
             self.command(),
-            env=server_environment(self.tmp_dir, self.sem_prefix),
+            env={**server_environment(self.tmp_dir, self.sem_prefix), **self.environment},
             stdout=self._log_handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stubs and EngineCore stop with it
