@@ -72,8 +72,8 @@ from tools.bench_clients import (  # noqa: E402
     SERVE_MODEL_NAME,
     ClientSpec,
     InProcessRunner,
-    ProcessPoolRunner,
     Prompt,
+    Runner,
     Sample,
     open_runner,
 )
@@ -128,8 +128,9 @@ class LevelResult:
 # Workload ------------------------------------------------------------------------------------------------
 
 
-def build_prompts(tokenizer_dir: str | Path, count: int = 16) -> list[list[int]]:
-    """Half short prompts, half ~400-token prompts, from the shipped corpus (fixed, deterministic)."""
+def build_prompts(tokenizer_dir: str | Path, count: int = 16) -> list[Prompt]:
+    """Half short prompts, half ~400-token prompts, from the shipped corpus (fixed, deterministic), as token ids
+    (what the bare engine and `vllm serve` get) and decoded (the Triton paths' text_input)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -138,7 +139,8 @@ def build_prompts(tokenizer_dir: str | Path, count: int = 16) -> list[list[int]]
     for i in range(count):
         start = (i * 97) % (len(ids) - 420)
         length = 8 + (i * 5) % 16 if i % 2 == 0 else 400
-        prompts.append(ids[start : start + length])
+        prompt = ids[start : start + length]
+        prompts.append(Prompt(prompt, tokenizer.decode(prompt)))
     return prompts
 
 
@@ -347,9 +349,6 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     finally:
         llm.shutdown()
     return results
-
-
-Runner = InProcessRunner | ProcessPoolRunner
 
 
 async def measure(
@@ -743,7 +742,6 @@ async def run_vllm_serve(args, setup: BenchSetup, paths, levels, prompts, record
 
 async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], None]) -> None:
     from tqdm import tqdm
-    from transformers import AutoTokenizer
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -759,8 +757,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         placement = EnginePlacement(setup.engine_cpus)
         pin_process(os.getpid(), placement.other_cpus)
         print(f"bench: {placement.describe()}", file=sys.stderr)
-    tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer)
-    prompts = [Prompt(ids, tokenizer.decode(ids)) for ids in build_prompts(setup.tokenizer)]
+    prompts = build_prompts(setup.tokenizer)
     levels = levels_for(args)
     paths = list(args.paths) + [f"extra:{n}" for n in args.extra_model]
     paths += [f"extra-stream:{n}" for n in args.extra_stream_model]

@@ -240,7 +240,8 @@ async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
             try:
                 await run_level(send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
                 connection.send("ready")
-                await loop.run_in_executor(None, connection.recv)  # "go": every process starts together
+                if await loop.run_in_executor(None, connection.recv) is None:  # "go" (all start together)
+                    return  # closed instead: another process's warm-up failed
                 cpu, start = time.process_time(), time.perf_counter()
                 samples, _ = await run_level(send, prompts, concurrency, total, max_tokens)
                 connection.send((start, time.perf_counter(), samples, time.process_time() - cpu))
@@ -304,7 +305,10 @@ class ProcessPoolRunner:
                 process.kill()
 
 
-async def open_runner(spec: ClientSpec, processes: int) -> InProcessRunner | ProcessPoolRunner:
+Runner = InProcessRunner | ProcessPoolRunner
+
+
+async def open_runner(spec: ClientSpec, processes: int) -> Runner:
     """The runner of one path: its client in this process (processes 1), or a pool of client processes."""
     if processes > 1:
         return ProcessPoolRunner(spec, processes)

@@ -21,7 +21,6 @@ import json
 import statistics
 import sys
 import time
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -32,17 +31,11 @@ if str(ROOT) not in sys.path:
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from tools.bench import bench_repository, build_prompts  # noqa: E402
-from tools.bench_clients import ClientSpec, Prompt, open_client, run_level  # noqa: E402
+from tools.bench_clients import ClientSpec, open_client, run_level  # noqa: E402
 from tools.triton_server import start_on_free_ports  # noqa: E402
 
 TRACE_OFF = ["--trace-config=level=OFF", "--trace-config=rate=1", "--trace-config=count=-1"]
 CORE_STATS_SECONDS = 1.0
-
-
-def _post_json(url: str, body: dict[str, Any]) -> Any:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request) as response:
-        return json.loads(response.read() or b"{}")
 
 
 def load_trace(path: Path) -> dict[int, dict[str, Any]]:
@@ -99,12 +92,9 @@ def timeline(traces: dict[int, dict[str, Any]], ensemble: str) -> tuple[int, dic
 
 
 async def measure(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
-
     args.out.mkdir(parents=True, exist_ok=True)
     setup = bench_repository(args.out, args.deployment, {})
-    tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer)
-    prompts = [Prompt(ids, tokenizer.decode(ids)) for ids in build_prompts(setup.tokenizer)]
+    prompts = build_prompts(setup.tokenizer)
     trace_file = args.out / "trace.json"
     trace_file.unlink(missing_ok=True)
     log_file = args.out / "triton.log"
@@ -118,8 +108,8 @@ async def measure(args: argparse.Namespace) -> None:
 
     def core_stats_since(offset: int) -> tuple[list[str], int]:
         time.sleep(CORE_STATS_SECONDS + 0.5)  # the core logs each interval's counters at its end
-        text = log_file.read_bytes()
-        lines = text[offset:].decode("utf-8", "replace").splitlines()
+        text = server.log_text()
+        lines = text[offset:].splitlines()
         found = [line[line.index("vllm_core stats") :].rstrip('"') for line in lines if "vllm_core stats" in line]
         return found, len(text)
 
@@ -128,8 +118,7 @@ async def measure(args: argparse.Namespace) -> None:
         plain, close_plain = await open_client(ClientSpec("grpc-infer", server.grpc_url, setup.plain))
         await run_level(stream, prompts, 16, 64, args.max_tokens)  # warm-up, untraced
         await run_level(plain, prompts, 16, 64, 1)
-        setting = f"http://{server.http_url}/v2/trace/setting"
-        _post_json(setting, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+        server.trace_setting(trace_level=["TIMESTAMPS"], trace_rate="1")
         _, offset = core_stats_since(0)
         ttfts, latencies = [], []
         for i in range(args.requests):
@@ -138,7 +127,7 @@ async def measure(args: argparse.Namespace) -> None:
         for i in range(args.requests):
             latencies.append((await plain(prompts[i % len(prompts)], 1)).latency * 1000)
         core_lines[setup.plain], offset = core_stats_since(offset)
-        _post_json(setting, {"trace_level": ["OFF"]})
+        server.trace_setting(trace_level=["OFF"])
         await close_stream()
         await close_plain()
     finally:

@@ -289,6 +289,10 @@ class TritonServer:
             log.seek(self._log_start)
             return log.read().decode("utf-8", errors="replace")
 
+    def trace_setting(self, **settings: Any) -> dict[str, Any]:
+        """Update Triton's trace settings at run time (`/v2/trace/setting`, e.g. trace_level=["TIMESTAMPS"])."""
+        return _http_json(f"http://{self.http_url}/v2/trace/setting", json.dumps(settings).encode())
+
     def model_stats(self, model: str = "") -> dict[str, dict[str, Any]]:
         """Triton's statistics per model name (`/v2/models[/MODEL]/stats`: counts and inference_stats), all models'
         when `model` is empty."""
