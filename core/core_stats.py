@@ -5,8 +5,9 @@ taken in (and in how many `execute` calls), responses sent and the mean and p99 
 request's first response where its time went inside the core: from `execute` to vLLM's first output ("engine"),
 from there until a sender thread started sending it ("queued"), and the send itself. A send is a round trip to
 tritonserver with the GIL released, so its time also shows how long a sender thread waited to get the GIL back.
-`tools/bench.py --profile` and `tools/trace_timeline.py` turn it on. Triton-free (the logger is any object with
-`log_info`).
+And the engine's own steps (core/step_stats.py: its batch, steps per second), for which the core turns vLLM's
+statistics on. `tools/bench.py --profile` and `tools/trace_timeline.py` turn it on. Triton-free (the logger is any
+object with `log_info`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+from core.step_stats import EngineSteps
+
 ENVIRONMENT_KEY = "TRITON_VLLM_CORE_STATS_SECONDS"
 
 
 class CoreStats:
-    def __init__(self, logger: Any, interval: float) -> None:
+    def __init__(self, logger: Any, interval: float, steps: EngineSteps | None = None) -> None:
         self._logger = logger
         self._interval = interval
+        self._steps = steps
         self._lock = threading.Lock()
         # request -> [admitted, first output from vLLM or None], until its first response is sent
         self._pending_first: dict[Hashable, list[float | None]] = {}
@@ -33,10 +37,14 @@ class CoreStats:
         self._thread = threading.Thread(target=self._run, name="vllm-core-stats", daemon=True)
         self._thread.start()
 
+    @staticmethod
+    def seconds_from_environment() -> float:
+        return float(os.environ.get(ENVIRONMENT_KEY, "0") or 0)
+
     @classmethod
-    def from_environment(cls, logger: Any) -> CoreStats | None:
-        seconds = float(os.environ.get(ENVIRONMENT_KEY, "0") or 0)
-        return cls(logger, seconds) if seconds > 0 else None
+    def from_environment(cls, logger: Any, steps: EngineSteps | None = None) -> CoreStats | None:
+        seconds = cls.seconds_from_environment()
+        return cls(logger, seconds, steps) if seconds > 0 else None
 
     def _reset(self) -> None:
         self._executes = 0
@@ -93,6 +101,8 @@ class CoreStats:
 
     def _run(self) -> None:
         while not self._stopping.wait(self._interval):
+            if self._steps is not None and (steps := self._steps.snapshot()).steps:
+                self._logger.log_info(f"vllm_core {steps.describe()}")
             snap = self.snapshot()
             if snap["sends"] or snap["requests"]:
                 rate = {key: value / self._interval for key, value in snap.items() if key in ("sends", "requests")}

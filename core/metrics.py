@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # (name, description); the names follow vLLM's own Prometheus metrics.
 COUNTERS = {
@@ -104,8 +104,13 @@ class StatsBuffer:
         return delta
 
 
-def stat_logger_factory(buffer: StatsBuffer) -> Callable[..., Any]:
-    """A vLLM StatLoggerBase class (vLLM instantiates it per engine) that feeds `buffer`."""
+class StatsSink(Protocol):
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None: ...
+
+
+def stat_logger_factory(*sinks: StatsSink) -> Callable[..., Any]:
+    """A vLLM StatLoggerBase class (vLLM instantiates it per engine) that feeds each sink (a StatsBuffer, the
+    engine-step counters of core/step_stats.py)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class BufferStatLogger(StatLoggerBase):
@@ -115,7 +120,8 @@ def stat_logger_factory(buffer: StatsBuffer) -> Callable[..., Any]:
         def record(
             self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
         ) -> None:
-            buffer.record(scheduler_stats, iteration_stats)
+            for sink in sinks:
+                sink.record(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self) -> None:
             pass

@@ -38,9 +38,11 @@ Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-en
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
 and the issue's targets. --profile adds Triton's per-model statistics and each server process's CPU per level,
-the core's own counters in the Triton log, and py-spy profiles (when py-spy is on PATH) of every Python process
-of the server during the largest level. Results go to OUT/results.json (rewritten after every level, so a command
-stopped by a time limit or a dead server keeps what it measured; it then exits 1) and OUT/bench.png.
+the core's own counters in the Triton log, the engine's steps per level for the bare engine and the core alike
+(core/step_stats.py: requests running per step, steps per second), and py-spy profiles (when py-spy is on PATH)
+of every Python process of the server during the largest level. Results go to OUT/results.json (rewritten after
+every level, so a command stopped by a time limit or a dead server keeps what it measured; it then exits 1) and
+OUT/bench.png.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ if str(ROOT) not in sys.path:
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
+from core.metrics import stat_logger_factory  # noqa: E402
+from core.step_stats import EngineSteps, combine, parse_line  # noqa: E402
 from repo_render.substitute import set_argument  # noqa: E402
 from tools.bench_clients import (  # noqa: E402
     SERVE_MODEL_NAME,
@@ -93,6 +97,7 @@ BENCH_ENGINE_OVERRIDES = {"max_model_len": 1024, "kv_cache_memory_bytes": 1 << 3
 STREAMED_PATHS = ("bare-stream", "vllm-serve-stream", "stream-grpc", "vllm-backend-stream")
 TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "vllm-backend-stream")
 VLLM_BACKEND_MODEL = "vllm_backend"
+CORE_STATS_SECONDS = 0.5  # --profile: how often the core logs its counters (short: a level lasts seconds)
 
 
 def is_streamed(path: str) -> bool:
@@ -119,6 +124,8 @@ class LevelResult:
     # --profile: per server process (name -> CPU seconds) and Triton's per-model statistics over the level
     process_cpu: dict[str, float] | None = None
     triton_stats: dict[str, dict[str, float]] | None = None
+    # --profile: the engine's own steps over the level (core/step_stats.py): its batch, steps per second
+    engine_steps: dict[str, Any] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -199,16 +206,19 @@ def triton_model_stats(server: TritonServer) -> dict[str, dict[str, float]]:
 
 
 class ServerWatch:
-    """Per-level deltas of a server's processes' CPU (and Triton's model statistics), for --profile."""
+    """Per-level deltas of a server's processes' CPU (and Triton's model statistics and the core's engine-step
+    lines in its log), for --profile."""
 
     def __init__(self, pgid: int, triton: TritonServer | None) -> None:
         self.pgid, self.triton = pgid, triton
         self.process_cpu: dict[str, float] | None = None
         self.triton_stats: dict[str, dict[str, float]] | None = None
+        self.engine_steps: dict[str, Any] | None = None
 
     def start(self) -> None:
         self._cpu = group_processes(self.pgid)
         self._stats = triton_model_stats(self.triton) if self.triton is not None else {}
+        self._log_offset = len(self.triton.log_text()) if self.triton is not None else 0
 
     def stop(self) -> None:
         self.process_cpu = {}
@@ -222,6 +232,30 @@ class ServerWatch:
                 before = self._stats.get(model, {})
                 if now.get("success_count", 0) != before.get("success_count", 0):
                     self.triton_stats[model] = {key: round(v - before.get(key, 0.0), 3) for key, v in now.items()}
+            time.sleep(CORE_STATS_SECONDS + 0.2)  # the core logs each interval's figures at its end
+            lines = self.triton.log_text()[self._log_offset :].splitlines()
+            steps = combine([snap for line in lines if (snap := parse_line(line)) is not None])
+            self.engine_steps = None if steps is None else steps.as_dict()
+
+    def report(self) -> dict[str, Any]:
+        return {"process_cpu": self.process_cpu, "triton_stats": self.triton_stats, "engine_steps": self.engine_steps}
+
+
+class EngineWatch:
+    """The bare engine's steps over a level (--profile), from its own stat logger."""
+
+    def __init__(self, steps: EngineSteps) -> None:
+        self.steps = steps
+        self.engine_steps: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        self.steps.snapshot()  # starts the level's count
+
+    def stop(self) -> None:
+        self.engine_steps = self.steps.snapshot().as_dict()
+
+    def report(self) -> dict[str, Any]:
+        return {"engine_steps": self.engine_steps}
 
 
 def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subprocess.Popen]:
@@ -318,7 +352,11 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     from core.engine import prepare_process_environment
 
     prepare_process_environment()
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec["engine_args"]))
+    engine_args, stat_loggers, steps = spec["engine_args"], None, None
+    if spec.get("profile"):  # the engine's steps per level, as the core counts them under --profile
+        steps = EngineSteps()
+        engine_args, stat_loggers = {**engine_args, "disable_log_stats": False}, [stat_logger_factory(steps)]
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers)
     if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
         EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
     counter = iter(range(10**9))
@@ -344,7 +382,8 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
             for path in spec["paths"]:
                 runner = InProcessRunner(sender(path == "bare-stream"))
                 for level in spec["levels"]:
-                    measured = await measure(runner, prompts, level, os.getpgid(0), None)
+                    watch = None if steps is None else EngineWatch(steps)
+                    measured = await measure(runner, prompts, level, os.getpgid(0), None, watch)
                     results.append({"path": path, "rep": rep, "level": level, "measured": measured})
     finally:
         llm.shutdown()
@@ -369,8 +408,7 @@ async def measure(
         "latencies": [round(s.latency, 5) for s in run.samples],
         "ttfts": [round(s.ttft, 5) for s in run.samples if s.ttft is not None],
         "client_cpu_seconds": run.client_cpu_seconds,
-        "process_cpu": None if watch is None else watch.process_cpu,
-        "triton_stats": None if watch is None else watch.triton_stats,
+        **({} if watch is None else watch.report()),
     }
 
 
@@ -520,6 +558,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
         cpu = [r.cpu_seconds / r.output_tokens * 1000 for r in reps if r.cpu_seconds is not None]
         client = [r.client_cpu_seconds / r.wall for r in reps if r.client_cpu_seconds is not None]
         base = tps.get((baseline_of(path), max_tokens, concurrency))
+        steps = [r.engine_steps for r in reps if r.engine_steps]
         rows.append(
             {
                 "path": path,
@@ -538,6 +577,8 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "e2e_p99_ms": _ms(percentile(latencies, 99)),
                 "cpu_s_per_1k_tokens": statistics.median(cpu) if cpu else None,
                 "client_cores": statistics.median(client) if client else None,
+                "engine_running_mean": statistics.median(x["running_mean"] for x in steps) if steps else None,
+                "engine_steps_per_s": statistics.median(x["steps_per_second"] for x in steps) if steps else None,
             }
         )
     return rows
@@ -566,6 +607,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(row['cpu_s_per_1k_tokens'], '.2f'):>8}{_fmt(row['client_cores'], '.2f'):>7}"
         )
     print("ratio: to bare (plain paths) or bare-stream (streamed paths) of the same run; client: cores the client used")
+    engine_rows = [row for row in rows if row.get("engine_running_mean") is not None]
+    if engine_rows:
+        print("\nthe engine's steps over each level (--profile; median of the repetitions):")
+        print(f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}")
+        for row in engine_rows:
+            print(
+                f"{row['path']:<22}{row['max_tokens']:>8}{row['concurrency']:>6}"
+                f"{row['engine_running_mean']:>9.1f}{row['engine_steps_per_s']:>9.1f}"
+            )
 
 
 # The performance issue's targets: (our path, the path it is held against, the minimum ratio, the levels).
@@ -714,8 +764,8 @@ async def measure_paths(args, specs: dict[str, ClientSpec], levels, prompts, pgi
 
 
 async def run_triton(args, setup: BenchSetup, paths, levels, prompts, record, progress) -> None:
-    # --profile: the core logs its counters every 2 s (core/core_stats.py)
-    environment = {CORE_STATS_KEY: "2"} if args.profile else None
+    # --profile: the core logs its counters, and the engine's steps, every CORE_STATS_SECONDS (core/core_stats.py)
+    environment = {CORE_STATS_KEY: str(CORE_STATS_SECONDS)} if args.profile else None
     server = start_on_free_ports(setup.repo, args.out / "triton.log", environment=environment)
     try:
         specs = triton_client_specs(paths, setup, server)
@@ -776,6 +826,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
             "prompts": [prompt.ids for prompt in prompts],
             "levels": levels,
             "paths": bare,
+            "profile": args.profile,
         }
         for item in run_bare({**spec, "reps": args.reps}, out / "bare.log"):
             record(item["path"], item["rep"], item["level"], item["measured"])

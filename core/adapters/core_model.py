@@ -34,9 +34,10 @@ from core.cpu_placement import EnginePlacement
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
-from core.metrics import stat_logger_factory
+from core.metrics import StatsSink, stat_logger_factory
 from core.protocol import EngineResponse, decode_request, encode_response
 from core.settings import CoreSettings, load_settings
+from core.step_stats import EngineSteps
 
 
 def _emitter(outbox: queue.SimpleQueue[Outgoing | None], sender: Any, stats: CoreStats | None):
@@ -60,15 +61,21 @@ class CoreModel:
         os.environ.update(settings.engine_env)
         prepare_process_environment()  # before anything imports vLLM
         self._metrics: TritonMetrics | None = None
-        stat_loggers = None
+        sinks: list[StatsSink] = []
         if settings.metrics:
             self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
-            stat_loggers = [stat_logger_factory(self._metrics.buffer)]
+            sinks.append(self._metrics.buffer)
+        engine_args = load_engine_args(model_dir / ENGINE_ARGS_FILE)
+        # The opt-in counters (core/core_stats.py) include the engine's steps, which need vLLM's statistics.
+        steps = EngineSteps() if CoreStats.seconds_from_environment() > 0 else None
+        if steps is not None:
+            sinks.append(steps)
+            engine_args["disable_log_stats"] = False
         placement = EnginePlacement(settings.core.engine_cpus) if settings.core.engine_cpus else None
         self.engine = Engine(
-            load_engine_args(model_dir / ENGINE_ARGS_FILE),
+            engine_args,
             lora_adapters=loras,
-            stat_loggers=stat_loggers,
+            stat_loggers=[stat_logger_factory(*sinks)] if sinks else None,
             # Triton 2.51's Python backend cannot mark the model not ready: the engine restarts itself instead.
             restart=settings.health,
             on_start=None if placement is None else lambda: self._place(placement),
@@ -86,7 +93,7 @@ class CoreModel:
             # the switch interval while the engine loop computes. Set after the engine started: a forked
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
             sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
-        self.stats = CoreStats.from_environment(self.logger)
+        self.stats = CoreStats.from_environment(self.logger, steps)
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
             queue.SimpleQueue() for _ in range(settings.core.sender_threads)
         ]

@@ -183,3 +183,29 @@ def test_core_stats_break_each_first_response_down_into_engine_queue_and_send():
     assert snap["first_queued_p50_ms"] >= 1000 * (before_send_end - first_output) - 2
     assert snap["first_send_p50_ms"] == pytest.approx(2.0)
     stats.stop()
+
+
+def test_core_stats_log_the_engines_steps_each_interval():
+    import time
+    from types import SimpleNamespace
+
+    from core.core_stats import CoreStats
+    from core.step_stats import EngineSteps, parse_line
+
+    lines: list[str] = []
+
+    class Log:
+        def log_info(self, message: str) -> None:
+            lines.append(message)
+
+    steps = EngineSteps()
+    stats = CoreStats(Log(), interval=0.05, steps=steps)
+    for _ in range(3):
+        steps.record(SimpleNamespace(num_running_reqs=8, num_waiting_reqs=0), None)
+    deadline = time.monotonic() + 5
+    while not any(parse_line(line) for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stats.stop()
+    logged = [snap for line in lines if (snap := parse_line(line)) is not None]
+    assert logged and (logged[0].steps, logged[0].running_mean) == (3, 8.0)
+    assert all(snap.steps for snap in logged)  # intervals without a step log no line

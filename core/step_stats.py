@@ -1,0 +1,142 @@
+"""Per-step figures of the vLLM engine, from its own statistics: is the engine's batch full, and how fast it steps.
+
+vLLM hands every stat logger the scheduler's state after each engine step (`record()`, on the front end's output
+handler; only with `disable_log_stats: false`). `EngineSteps` adds them up between snapshots: steps per second,
+the mean number of requests running in a step (the batch) and waiting for one, and tokens per second. Side by
+side with the bare engine at the same load, they say where a served path loses throughput: a smaller batch means
+requests spend their time outside the engine (the serving path); the same batch at fewer steps per second means
+each step got slower. `tools/bench.py --profile` turns them on for the bare engine and the core alike.
+Triton-free and vLLM-free (the statistics are read by attribute), so unit tests reach it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepSnapshot:
+    seconds: float
+    busy_seconds: float  # the time from each step with requests running to the next: the engine's steps' time
+    steps: int
+    running_mean: float
+    running_max: int
+    waiting_mean: float
+    generation_tokens: int
+    prompt_tokens: int
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+    def describe(self) -> str:
+        """One log line; `parse_line` reads it back."""
+        return (
+            f"engine steps: {self.steps} in {self.seconds:.2f} s ({self.busy_seconds:.3f} s busy),"
+            f" running mean {self.running_mean:.1f}"
+            f" max {self.running_max}, waiting mean {self.waiting_mean:.1f},"
+            f" tokens {self.generation_tokens} generated {self.prompt_tokens} prompt"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "steps_per_second": round(self.steps_per_second, 1)}
+
+
+_LINE = re.compile(
+    r"engine steps: (?P<steps>\d+) in (?P<seconds>[\d.]+) s \((?P<busy_seconds>[\d.]+) s busy\),"
+    r" running mean (?P<running_mean>[\d.]+)"
+    r" max (?P<running_max>\d+), waiting mean (?P<waiting_mean>[\d.]+),"
+    r" tokens (?P<generation_tokens>\d+) generated (?P<prompt_tokens>\d+) prompt"
+)
+
+
+def parse_line(line: str) -> StepSnapshot | None:
+    match = _LINE.search(line)
+    if match is None:
+        return None
+    fields = match.groupdict()
+    return StepSnapshot(
+        seconds=float(fields["seconds"]),
+        busy_seconds=float(fields["busy_seconds"]),
+        steps=int(fields["steps"]),
+        running_mean=float(fields["running_mean"]),
+        running_max=int(fields["running_max"]),
+        waiting_mean=float(fields["waiting_mean"]),
+        generation_tokens=int(fields["generation_tokens"]),
+        prompt_tokens=int(fields["prompt_tokens"]),
+    )
+
+
+def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
+    """Several intervals as one (means weighted by steps); None for none with a step."""
+    busy = [snap for snap in snapshots if snap.steps]
+    if not busy:
+        return None
+    steps = sum(snap.steps for snap in busy)
+    return StepSnapshot(
+        seconds=sum(snap.seconds for snap in busy),
+        busy_seconds=sum(snap.busy_seconds for snap in busy),
+        steps=steps,
+        running_mean=sum(snap.running_mean * snap.steps for snap in busy) / steps,
+        running_max=max(snap.running_max for snap in busy),
+        waiting_mean=sum(snap.waiting_mean * snap.steps for snap in busy) / steps,
+        generation_tokens=sum(snap.generation_tokens for snap in busy),
+        prompt_tokens=sum(snap.prompt_tokens for snap in busy),
+    )
+
+
+class EngineSteps:
+    """A stat-logger sink (see core/metrics.py's stat_logger_factory); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since = time.perf_counter()
+        self._last: tuple[float, int] | None = None  # the previous step: when, and how many were running
+        self._reset()
+
+    def _reset(self) -> None:
+        self._steps = 0
+        self._busy = 0.0
+        self._running = 0
+        self._running_max = 0
+        self._waiting = 0
+        self._generation = 0
+        self._prompt = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        with self._lock:
+            if scheduler_stats is not None:
+                now = time.perf_counter()
+                if self._last is not None and self._last[1] > 0:
+                    self._busy += now - self._last[0]
+                self._last = (now, scheduler_stats.num_running_reqs)
+                self._steps += 1
+                self._running += scheduler_stats.num_running_reqs
+                self._running_max = max(self._running_max, scheduler_stats.num_running_reqs)
+                self._waiting += scheduler_stats.num_waiting_reqs
+            if iteration_stats is not None:
+                self._generation += iteration_stats.num_generation_tokens
+                self._prompt += iteration_stats.num_prompt_tokens
+
+    def snapshot(self) -> StepSnapshot:
+        """The figures since the last snapshot (and start again)."""
+        now = time.perf_counter()
+        with self._lock:
+            steps = self._steps
+            snap = StepSnapshot(
+                seconds=now - self._since,
+                busy_seconds=self._busy,
+                steps=steps,
+                running_mean=self._running / steps if steps else 0.0,
+                running_max=self._running_max,
+                waiting_mean=self._waiting / steps if steps else 0.0,
+                generation_tokens=self._generation,
+                prompt_tokens=self._prompt,
+            )
+            self._since = now
+            self._reset()
+        return snap

@@ -1,0 +1,28 @@
+"""tools/bench.py --profile on the real engine and server: the bare engine and the core both report the engine's
+steps over each level (core/step_stats.py), so a served path's batch can be put beside the bare engine's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.bench import main
+
+pytestmark = pytest.mark.server
+
+
+def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_path: Path, capsys):
+    args = ["--paths", "bare,plain-grpc", "--levels", "4", "--max-tokens", "8", "--reps", "1", "--quick"]
+    assert main([*args, "--profile", "--out", str(tmp_path)]) == 0
+    runs = {run["path"]: run for run in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    bare, served = runs["bare"]["engine_steps"], runs["plain-grpc"]["engine_steps"]
+    # The bare engine's count covers exactly the level: every request's every token, in steps of at most 4.
+    assert bare["generation_tokens"] == runs["bare"]["requests"] * 8
+    assert bare["steps"] * 4 >= bare["generation_tokens"] and 1 <= bare["running_max"] <= 4
+    # The core's comes from its log, in intervals that may start before the level: at least the level's tokens.
+    assert served["generation_tokens"] >= runs["plain-grpc"]["requests"] * 8
+    assert 1 <= served["running_max"] <= 4 and served["steps_per_second"] > 0
+    output = capsys.readouterr().out
+    assert "the engine's steps over each level" in output
