@@ -610,12 +610,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     engine_rows = [row for row in rows if row.get("engine_running_mean") is not None]
     if engine_rows:
         print("\nthe engine's steps over each level (--profile; median of the repetitions):")
-        print(f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}")
+        print(f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}")
+        by_key = {(row["path"], row["max_tokens"], row["concurrency"]): row for row in engine_rows}
         for row in engine_rows:
+            base = by_key.get((row["baseline"], row["max_tokens"], row["concurrency"]), {}).get("engine_steps_per_s")
+            ratio = row["engine_steps_per_s"] / base if base else None
             print(
                 f"{row['path']:<22}{row['max_tokens']:>8}{row['concurrency']:>6}"
-                f"{row['engine_running_mean']:>9.1f}{row['engine_steps_per_s']:>9.1f}"
+                f"{row['engine_running_mean']:>9.1f}{row['engine_steps_per_s']:>9.1f}{_fmt(ratio, '.2f'):>7}"
             )
+        print("running: requests in the engine's batch per step; ratio: steps/s to the baseline's")
 
 
 # The performance issue's targets: (our path, the path it is held against, the minimum ratio, the levels).

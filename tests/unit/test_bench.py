@@ -12,6 +12,7 @@ from tools.bench import (
     ResultsFile,
     baseline_of,
     load_runs,
+    print_table,
     requests_for,
     summarize,
     target_lines,
@@ -42,6 +43,24 @@ def test_summary_takes_medians_over_repetitions_and_ratios_to_the_right_baseline
     assert (rows["plain-grpc"]["tokens_per_s_min"], rows["plain-grpc"]["tokens_per_s_max"]) == (150, 190)
     assert rows["plain-grpc"]["ratio"] == pytest.approx(170 / 200)
     assert rows["stream-grpc"]["ratio"] == pytest.approx(360 / 400)  # against bare-stream, not bare
+
+
+def test_engine_steps_are_summarized_per_level_and_held_against_the_baselines(capsys):
+    def steps(running: float, rate: float) -> dict[str, float]:
+        return {"running_mean": running, "steps_per_second": rate}
+
+    runs = [_run("bare", 200, rep=i) for i in range(2)] + [_run("plain-grpc", 180, rep=i) for i in range(2)]
+    for run, (running, rate) in zip(runs, [(60, 210), (62, 230), (55, 180), (59, 200)], strict=True):
+        run.engine_steps = steps(running, rate)
+    runs.append(_run("stream-grpc", 150))  # no --profile figures: not in the engine table
+    rows = {row["path"]: row for row in summarize(runs)}
+    assert (rows["plain-grpc"]["engine_running_mean"], rows["plain-grpc"]["engine_steps_per_s"]) == (57, 190)
+    assert rows["stream-grpc"]["engine_steps_per_s"] is None
+    print_table(list(rows.values()))
+    engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
+    lines = {line.split()[0]: line.split() for line in engine_table.splitlines()[2:5] if line.strip()}
+    assert lines["plain-grpc"][-3:] == ["57.0", "190.0", f"{190 / 220:.2f}"]  # steps/s against bare's 220
+    assert lines["bare"][-1] == "1.00" and "stream-grpc" not in lines
 
 
 def test_targets_say_met_or_not_per_level_and_judge_ttft():
