@@ -113,7 +113,7 @@ def stat_logger_factory(*sinks: StatsSink) -> Callable[..., Any]:
     engine-step counters of core/step_stats.py)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class BufferStatLogger(StatLoggerBase):
+    class SinkStatLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
@@ -126,4 +126,4 @@ def stat_logger_factory(*sinks: StatsSink) -> Callable[..., Any]:
         def log_engine_initialized(self) -> None:
             pass
 
-    return BufferStatLogger
+    return SinkStatLogger
