@@ -10,7 +10,8 @@ the ensemble's REQUEST_START: when each model got the request, waited in its que
 postprocess of the first delta) when the core's first response reached tritonserver. Only the first execution of
 each model per request is shown (a streamed request runs postprocess once per delta). The core's own counters
 (core/core_stats.py: for each first response, the time from the core's `execute` to vLLM's first output, then in
-its sender queue, then the send) are on for this server, and their log lines for each phase are printed too.
+its sender queue, then the send) are on for this server, and their log lines for each phase are printed too. They
+turn vLLM's per-step statistics on (core/step_stats.py), so the engine runs as under `tools/bench.py --profile`.
 """
 
 from __future__ import annotations
