@@ -10,6 +10,7 @@ This module is Triton-free, so unit tests reach it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,3 +128,21 @@ def stat_logger_factory(*sinks: StatsSink) -> Callable[..., Any]:
             pass
 
     return SinkStatLogger
+
+
+def profiled_engine_args(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """The engine args with vLLM's statistics on, per-iteration details included (the EngineCore times each
+    step's wait for the model's result), for the engine-step counters of core/step_stats.py. vLLM's own logging
+    stat logger would log a line per iteration: `quiet_iteration_log` drops those."""
+    quiet_iteration_log()
+    return {**engine_args, "disable_log_stats": False, "enable_logging_iteration_details": True}
+
+
+def _not_an_iteration_line(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and "Iteration(%d)" in record.msg)
+
+
+def quiet_iteration_log() -> None:
+    logger = logging.getLogger("vllm.v1.metrics.loggers")
+    if _not_an_iteration_line not in logger.filters:
+        logger.addFilter(_not_an_iteration_line)

@@ -5,7 +5,11 @@ handler; only with `disable_log_stats: false`). `EngineSteps` adds them up betwe
 the mean number of requests running in a step (the batch) and waiting for one, and tokens per second. Side by
 side with the bare engine at the same load, they say where a served path loses throughput: a smaller batch means
 requests spend their time outside the engine (the serving path); the same batch at fewer steps per second means
-each step got slower. `tools/bench.py --profile` turns them on for the bare engine and the core alike.
+each step got slower. With vLLM's iteration details on (`enable_logging_iteration_details`, see
+`profiled_engine_args` in core/metrics.py) they also tell a slower step's cause apart: how many steps computed
+prompt tokens (requests arriving spread out make more of them), the decode-only steps' rate alone, and how long
+the EngineCore waited for the model's result per step (the rest of a step is its own CPU work).
+`tools/bench.py --profile` turns them on for the bare engine and the core alike.
 Triton-free and vLLM-free (the statistics are read by attribute), so unit tests reach it.
 """
 
@@ -28,10 +32,22 @@ class StepSnapshot:
     waiting_mean: float
     generation_tokens: int
     prompt_tokens: int
+    # From vLLM's iteration details (0 without them): the steps that had details, those that computed prompt
+    # tokens, the busy time before each decode-only step, and the mean wait for the model's result per step.
+    detailed_steps: int = 0
+    prefill_steps: int = 0
+    decode_busy_seconds: float = 0.0
+    decode_wait_ms: float = 0.0
+    prefill_wait_ms: float = 0.0
 
     @property
     def steps_per_second(self) -> float:
         return self.steps / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+    @property
+    def decode_steps_per_second(self) -> float:
+        decode_steps = self.detailed_steps - self.prefill_steps
+        return decode_steps / self.decode_busy_seconds if self.decode_busy_seconds > 0 else 0.0
 
     def describe(self) -> str:
         """One log line; `parse_line` reads it back."""
@@ -39,11 +55,18 @@ class StepSnapshot:
             f"engine steps: {self.steps} in {self.seconds:.2f} s ({self.busy_seconds:.3f} s busy),"
             f" running mean {self.running_mean:.1f}"
             f" max {self.running_max}, waiting mean {self.waiting_mean:.1f},"
-            f" tokens {self.generation_tokens} generated {self.prompt_tokens} prompt"
+            f" tokens {self.generation_tokens} generated {self.prompt_tokens} prompt;"
+            f" detailed {self.detailed_steps} prefill {self.prefill_steps},"
+            f" decode busy {self.decode_busy_seconds:.3f} s, wait ms decode {self.decode_wait_ms:.2f}"
+            f" prefill {self.prefill_wait_ms:.2f}"
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "steps_per_second": round(self.steps_per_second, 1)}
+        return {
+            **asdict(self),
+            "steps_per_second": round(self.steps_per_second, 1),
+            "decode_steps_per_second": round(self.decode_steps_per_second, 1),
+        }
 
 
 _LINE = re.compile(
@@ -51,24 +74,19 @@ _LINE = re.compile(
     r" running mean (?P<running_mean>[\d.]+)"
     r" max (?P<running_max>\d+), waiting mean (?P<waiting_mean>[\d.]+),"
     r" tokens (?P<generation_tokens>\d+) generated (?P<prompt_tokens>\d+) prompt"
+    r"(?:; detailed (?P<detailed_steps>\d+) prefill (?P<prefill_steps>\d+),"
+    r" decode busy (?P<decode_busy_seconds>[\d.]+) s, wait ms decode (?P<decode_wait_ms>[\d.]+)"
+    r" prefill (?P<prefill_wait_ms>[\d.]+))?"
 )
+_INTS = {"steps", "running_max", "generation_tokens", "prompt_tokens", "detailed_steps", "prefill_steps"}
 
 
 def parse_line(line: str) -> StepSnapshot | None:
     match = _LINE.search(line)
     if match is None:
         return None
-    fields = match.groupdict()
-    return StepSnapshot(
-        seconds=float(fields["seconds"]),
-        busy_seconds=float(fields["busy_seconds"]),
-        steps=int(fields["steps"]),
-        running_mean=float(fields["running_mean"]),
-        running_max=int(fields["running_max"]),
-        waiting_mean=float(fields["waiting_mean"]),
-        generation_tokens=int(fields["generation_tokens"]),
-        prompt_tokens=int(fields["prompt_tokens"]),
-    )
+    fields = {key: (int if key in _INTS else float)(value) for key, value in match.groupdict().items() if value}
+    return StepSnapshot(**fields)
 
 
 def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
@@ -77,6 +95,8 @@ def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
     if not busy:
         return None
     steps = sum(snap.steps for snap in busy)
+    decode_steps = sum(snap.detailed_steps - snap.prefill_steps for snap in busy)
+    prefill_steps = sum(snap.prefill_steps for snap in busy)
     return StepSnapshot(
         seconds=sum(snap.seconds for snap in busy),
         busy_seconds=sum(snap.busy_seconds for snap in busy),
@@ -86,7 +106,18 @@ def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
         waiting_mean=sum(snap.waiting_mean * snap.steps for snap in busy) / steps,
         generation_tokens=sum(snap.generation_tokens for snap in busy),
         prompt_tokens=sum(snap.prompt_tokens for snap in busy),
+        detailed_steps=sum(snap.detailed_steps for snap in busy),
+        prefill_steps=prefill_steps,
+        decode_busy_seconds=sum(snap.decode_busy_seconds for snap in busy),
+        decode_wait_ms=_weighted(
+            busy, "decode_wait_ms", lambda snap: snap.detailed_steps - snap.prefill_steps, decode_steps
+        ),
+        prefill_wait_ms=_weighted(busy, "prefill_wait_ms", lambda snap: snap.prefill_steps, prefill_steps),
     )
+
+
+def _weighted(snaps: list[StepSnapshot], field: str, weight: Any, total: int) -> float:
+    return sum(getattr(snap, field) * weight(snap) for snap in snaps) / total if total else 0.0
 
 
 class EngineSteps:
@@ -106,14 +137,28 @@ class EngineSteps:
         self._waiting = 0
         self._generation = 0
         self._prompt = 0
+        self._detailed = 0
+        self._prefill = 0
+        self._decode_busy = 0.0
+        self._decode_wait = 0.0
+        self._prefill_wait = 0.0
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         with self._lock:
             if scheduler_stats is not None:
                 now = time.perf_counter()
-                if self._last is not None and self._last[1] > 0:
-                    self._busy += now - self._last[0]
+                took = now - self._last[0] if self._last is not None and self._last[1] > 0 else 0.0
+                self._busy += took
                 self._last = (now, scheduler_stats.num_running_reqs)
+                details = getattr(scheduler_stats, "iteration_details", None)
+                if details is not None and not details.is_dummy:
+                    self._detailed += 1
+                    if details.num_ctx_tokens > 0:
+                        self._prefill += 1
+                        self._prefill_wait += details.elapsed_ms
+                    else:
+                        self._decode_busy += took
+                        self._decode_wait += details.elapsed_ms
                 self._steps += 1
                 self._running += scheduler_stats.num_running_reqs
                 self._running_max = max(self._running_max, scheduler_stats.num_running_reqs)
@@ -136,6 +181,13 @@ class EngineSteps:
                 waiting_mean=self._waiting / steps if steps else 0.0,
                 generation_tokens=self._generation,
                 prompt_tokens=self._prompt,
+                detailed_steps=self._detailed,
+                prefill_steps=self._prefill,
+                decode_busy_seconds=self._decode_busy,
+                decode_wait_ms=self._decode_wait / (self._detailed - self._prefill)
+                if self._detailed > self._prefill
+                else 0.0,
+                prefill_wait_ms=self._prefill_wait / self._prefill if self._prefill else 0.0,
             )
             self._since = now
             self._reset()

@@ -4,7 +4,7 @@ same model, engine args and engine environment (those of one deployment file).
     .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
         [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge] [--profile] [--quick]
-        [--max-requests 512] [--client-processes 1] [--out .bench]
+        [--max-requests 512] [--client-processes 1] [--background-load 0] [--out .bench]
 
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
@@ -39,10 +39,13 @@ CPU seconds per 1k output tokens (all processes of the server's process group), 
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
 and the issue's targets. --profile adds Triton's per-model statistics and each server process's CPU per level,
 the core's own counters in the Triton log, the engine's steps per level for the bare engine and the core alike
-(core/step_stats.py: requests running per step, steps per second), and py-spy profiles (when py-spy is on PATH)
+(core/step_stats.py: requests running per step, steps per second; from vLLM's iteration details, the share of
+steps that computed prompt tokens, the decode-only steps' rate, the EngineCore's wait for the model's result per
+step), and py-spy profiles (when py-spy is on PATH)
 of every Python process of the server during the largest level. Results go to OUT/results.json (rewritten after
 every level, so a command stopped by a time limit or a dead server keeps what it measured; it then exits 1) and
-OUT/bench.png.
+OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see how much the engine's own steps
+slow down when the host's other CPUs are busy (as a server and its clients keep them).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ if str(ROOT) not in sys.path:
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
-from core.metrics import stat_logger_factory  # noqa: E402
+from core.metrics import profiled_engine_args, stat_logger_factory  # noqa: E402
 from core.step_stats import EngineSteps, combine, parse_line  # noqa: E402
 from repo_render.substitute import set_argument  # noqa: E402
 from tools.bench_clients import (  # noqa: E402
@@ -355,7 +358,7 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     engine_args, stat_loggers, steps = spec["engine_args"], None, None
     if spec.get("profile"):  # the engine's steps per level, as the core counts them under --profile
         steps = EngineSteps()
-        engine_args, stat_loggers = {**engine_args, "disable_log_stats": False}, [stat_logger_factory(steps)]
+        engine_args, stat_loggers = profiled_engine_args(engine_args), [stat_logger_factory(steps)]
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers)
     if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
         EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
@@ -559,6 +562,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
         client = [r.client_cpu_seconds / r.wall for r in reps if r.client_cpu_seconds is not None]
         base = tps.get((baseline_of(path), max_tokens, concurrency))
         steps = [r.engine_steps for r in reps if r.engine_steps]
+        detailed = [x for x in steps if x.get("detailed_steps")]  # with vLLM's iteration details
         rows.append(
             {
                 "path": path,
@@ -579,13 +583,33 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "client_cores": statistics.median(client) if client else None,
                 "engine_running_mean": statistics.median(x["running_mean"] for x in steps) if steps else None,
                 "engine_steps_per_s": statistics.median(x["steps_per_second"] for x in steps) if steps else None,
+                **engine_detail_columns(detailed),
             }
         )
     return rows
 
 
+def engine_detail_columns(steps: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians over the repetitions of what vLLM's iteration details add (core/step_stats.py): the share of
+    steps that computed prompt tokens, the decode-only steps' rate, and the EngineCore's wait for the model's
+    result per decode step (the rest of a decode step's time is the EngineCore's own CPU work)."""
+
+    def median(value: Callable[[dict[str, Any]], float]) -> float | None:
+        return statistics.median(value(x) for x in steps) if steps else None
+
+    return {
+        "engine_prefill_share": median(lambda x: x["prefill_steps"] / x["detailed_steps"]),
+        "engine_decode_steps_per_s": median(lambda x: x["decode_steps_per_second"]),
+        "engine_decode_wait_ms": median(lambda x: x["decode_wait_ms"]),
+    }
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value and base else None
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -610,16 +634,28 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     engine_rows = [row for row in rows if row.get("engine_running_mean") is not None]
     if engine_rows:
         print("\nthe engine's steps over each level (--profile; median of the repetitions):")
-        print(f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}")
+        print(
+            f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}"
+            f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}"
+        )
         by_key = {(row["path"], row["max_tokens"], row["concurrency"]): row for row in engine_rows}
         for row in engine_rows:
-            base = by_key.get((row["baseline"], row["max_tokens"], row["concurrency"]), {}).get("engine_steps_per_s")
-            ratio = row["engine_steps_per_s"] / base if base else None
+            base = by_key.get((row["baseline"], row["max_tokens"], row["concurrency"]), {})
+            ratio = _ratio(row.get("engine_steps_per_s"), base.get("engine_steps_per_s"))
+            decode_ratio = _ratio(row.get("engine_decode_steps_per_s"), base.get("engine_decode_steps_per_s"))
+            decode_rate, wait = row.get("engine_decode_steps_per_s"), row.get("engine_decode_wait_ms")
+            cpu = 1000 / decode_rate - wait if decode_rate and wait is not None else None
             print(
                 f"{row['path']:<22}{row['max_tokens']:>8}{row['concurrency']:>6}"
                 f"{row['engine_running_mean']:>9.1f}{row['engine_steps_per_s']:>9.1f}{_fmt(ratio, '.2f'):>7}"
+                f"{_fmt(row.get('engine_prefill_share'), '.2f'):>9}{_fmt(decode_rate, '.1f'):>9}"
+                f"{_fmt(decode_ratio, '.2f'):>7}{_fmt(wait, '.2f'):>9}{_fmt(cpu, '.2f'):>8}"
             )
-        print("running: requests in the engine's batch per step; ratio: steps/s to the baseline's")
+        print(
+            "running: requests in the engine's batch per step; ratio: steps/s to the baseline's; prefill: the share of"
+            " steps that computed prompt tokens; decode/s: decode-only steps per second (ratio to the baseline's);"
+            " wait ms: the EngineCore's wait for the model's result per decode step; cpu ms: the rest of a decode step"
+        )
 
 
 # The performance issue's targets: (our path, the path it is held against, the minimum ratio, the levels).
@@ -877,6 +913,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="spread each level's streams over this many client processes (not the bare paths)",
     )
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N CPUs busy with pure-Python loops for the whole run (how the engine steps on a busy host)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -894,11 +937,16 @@ def main(argv: list[str] | None = None) -> int:
         deployment=str(args.deployment or "deployments/default.yaml + BENCH_ENGINE_OVERRIDES"),
     )
     stopped: BaseException | None = None
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.background_load)]
     try:
         asyncio.run(run_all(args, results.add))
     except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured
         stopped = exc
         traceback.print_exc()
+    finally:
+        for process in load:
+            process.kill()
+            process.wait()
     # Written after each level already; a run that measured nothing leaves an earlier file as it was.
     doc = results.document()
     plot(doc["summary"], args.out / "bench.png")

@@ -34,7 +34,7 @@ from core.cpu_placement import EnginePlacement
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
-from core.metrics import StatsSink, stat_logger_factory
+from core.metrics import StatsSink, profiled_engine_args, stat_logger_factory
 from core.protocol import EngineResponse, decode_request, encode_response
 from core.settings import CoreSettings, load_settings
 from core.step_stats import EngineSteps
@@ -70,7 +70,7 @@ class CoreModel:
         steps = EngineSteps() if CoreStats.seconds_from_environment() > 0 else None
         if steps is not None:
             sinks.append(steps)
-            engine_args["disable_log_stats"] = False
+            engine_args = profiled_engine_args(engine_args)
         placement = EnginePlacement(settings.core.engine_cpus) if settings.core.engine_cpus else None
         self.engine = Engine(
             engine_args,

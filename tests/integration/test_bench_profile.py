@@ -24,5 +24,12 @@ def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_
     # The core's comes from its log, in intervals that may start before the level: at least the level's tokens.
     assert served["generation_tokens"] >= runs["plain-grpc"]["requests"] * 8
     assert 1 <= served["running_max"] <= 4 and served["steps_per_second"] > 0
+    # vLLM's iteration details, for both: some steps computed prompt tokens, the others only decoded
+    for steps in (bare, served):
+        assert 0 < steps["prefill_steps"] < steps["detailed_steps"] <= steps["steps"]
+        assert steps["decode_steps_per_second"] > 0 and steps["decode_wait_ms"] >= 0
+    # and vLLM's line per iteration is kept out of the logs
+    assert "Iteration(" not in (tmp_path / "triton.log").read_text()
+    assert "Iteration(" not in (tmp_path / "bare.log").read_text()
     output = capsys.readouterr().out
     assert "the engine's steps over each level" in output

@@ -59,8 +59,28 @@ def test_engine_steps_are_summarized_per_level_and_held_against_the_baselines(ca
     print_table(list(rows.values()))
     engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
     lines = {line.split()[0]: line.split() for line in engine_table.splitlines()[2:5] if line.strip()}
-    assert lines["plain-grpc"][-3:] == ["57.0", "190.0", f"{190 / 220:.2f}"]  # steps/s against bare's 220
-    assert lines["bare"][-1] == "1.00" and "stream-grpc" not in lines
+    # without vLLM's iteration details, the detail columns stay empty
+    assert lines["plain-grpc"][3:] == ["57.0", "190.0", f"{190 / 220:.2f}", "-", "-", "-", "-", "-"]
+    assert lines["bare"][5] == "1.00" and "stream-grpc" not in lines
+
+
+def test_iteration_details_split_decode_steps_from_prefill_steps_in_the_engine_table(capsys):
+    def steps(rate: float, prefill: int, decode_rate: float, wait: float) -> dict[str, float]:
+        return {
+            "running_mean": 60, "steps_per_second": rate, "detailed_steps": 100, "prefill_steps": prefill,
+            "decode_steps_per_second": decode_rate, "decode_wait_ms": wait,
+        }  # fmt: skip
+
+    bare, ours = _run("bare", 200), _run("plain-grpc", 180)
+    bare.engine_steps, ours.engine_steps = steps(220, 4, 230, 1.0), steps(190, 20, 200, 0.5)
+    rows = {row["path"]: row for row in summarize([bare, ours])}
+    assert rows["plain-grpc"]["engine_prefill_share"] == pytest.approx(0.2)
+    assert (rows["plain-grpc"]["engine_decode_steps_per_s"], rows["plain-grpc"]["engine_decode_wait_ms"]) == (200, 0.5)
+    print_table(list(rows.values()))
+    engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
+    line = next(line.split() for line in engine_table.splitlines() if line.startswith("plain-grpc"))
+    # prefill share, decode steps/s and its ratio to bare's, the wait, and the rest of a decode step (1000/200 - 0.5)
+    assert line[6:] == ["0.20", "200.0", f"{200 / 230:.2f}", "0.50", "4.50"]
 
 
 def test_targets_say_met_or_not_per_level_and_judge_ttft():

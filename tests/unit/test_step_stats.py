@@ -12,8 +12,12 @@ import pytest
 from core.step_stats import EngineSteps, StepSnapshot, combine, parse_line
 
 
-def _scheduler(running: int, waiting: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting)
+def _scheduler(running: int, waiting: int = 0, details: SimpleNamespace | None = None) -> SimpleNamespace:
+    return SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting, iteration_details=details)
+
+
+def _details(prompt_tokens: int, elapsed_ms: float, dummy: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(num_ctx_tokens=prompt_tokens, elapsed_ms=elapsed_ms, is_dummy=dummy)
 
 
 def _iteration(generated: int, prompt: int = 0) -> SimpleNamespace:
@@ -57,6 +61,23 @@ def test_records_from_several_threads_are_all_counted():
     assert (snap.steps, snap.generation_tokens, snap.running_mean) == (4000, 8000, 2.0)
 
 
+def test_iteration_details_split_prefill_steps_from_decode_steps():
+    steps = EngineSteps()
+    steps.record(_scheduler(4, details=_details(800, 3.0)), _iteration(0, prompt=800))  # a prefill step
+    for _ in range(3):
+        time.sleep(0.01)
+        steps.record(_scheduler(4, details=_details(0, 0.5)), _iteration(4))  # decode-only
+    time.sleep(0.03)
+    steps.record(_scheduler(6, details=_details(300, 2.0)), _iteration(4, prompt=300))  # two more arrived
+    steps.record(_scheduler(6, details=_details(0, 0.0, dummy=True)), None)  # a dummy iteration is no step of ours
+    snap = steps.snapshot()
+    assert (snap.steps, snap.detailed_steps, snap.prefill_steps) == (6, 5, 2)
+    assert (snap.decode_wait_ms, snap.prefill_wait_ms) == (pytest.approx(0.5), pytest.approx(2.5))
+    # the decode steps' busy time is the gaps before them: not the long one before the second prefill step
+    assert 0.03 <= snap.decode_busy_seconds < 0.06 < snap.busy_seconds
+    assert snap.decode_steps_per_second == pytest.approx(3 / snap.decode_busy_seconds)
+
+
 def test_the_log_line_reads_back_inside_a_triton_log_line():
     snap = StepSnapshot(
         seconds=0.5, busy_seconds=0.412, steps=61, running_mean=255.2, running_max=256, waiting_mean=0.4,
@@ -64,6 +85,14 @@ def test_the_log_line_reads_back_inside_a_triton_log_line():
     )  # fmt: skip
     line = f"I1123 20:38:27.123 1234 pb_stub.cc:1] vllm_core {snap.describe()}"
     assert parse_line(line) == StepSnapshot(0.5, 0.412, 61, 255.2, 256, 0.4, 15500, 3200)
+    detailed = StepSnapshot(0.5, 0.412, 61, 255.2, 256, 0.4, 15500, 3200, 60, 9, 0.301, 0.42, 3.05)
+    assert parse_line(f"vllm_core {detailed.describe()}") == detailed
+    # a line from before the details (commit 08a3d3b's core) still reads, without them
+    old = (
+        "vllm_core engine steps: 61 in 0.50 s (0.412 s busy), running mean 255.2 max 256, waiting mean 0.4,"
+        " tokens 15500 generated 3200 prompt"
+    )
+    assert parse_line(old) == StepSnapshot(0.5, 0.412, 61, 255.2, 256, 0.4, 15500, 3200)
     assert parse_line("vllm_core stats: 12 requests/s in 3 execute calls") is None
 
 
@@ -77,3 +106,11 @@ def test_intervals_combine_weighted_by_their_steps_and_idle_ones_drop_out():
     assert both.running_mean == pytest.approx((200 * 100 + 50 * 50) / 150)
     assert both.steps_per_second == pytest.approx(150 / 0.7)
     assert combine([idle]) is None and combine([]) is None
+    # the details' means are weighted by the steps of their kind
+    first = StepSnapshot(0.5, 0.5, 100, 200.0, 256, 0.0, 20000, 0, 100, 10, 0.4, 1.0, 4.0)
+    second = StepSnapshot(0.5, 0.5, 100, 200.0, 256, 0.0, 20000, 0, 100, 30, 0.3, 2.0, 2.0)
+    both = combine([first, second])
+    assert both is not None and (both.detailed_steps, both.prefill_steps) == (200, 40)
+    assert both.decode_busy_seconds == pytest.approx(0.7)
+    assert both.decode_wait_ms == pytest.approx((90 * 1.0 + 70 * 2.0) / 160)
+    assert both.prefill_wait_ms == pytest.approx((10 * 4.0 + 30 * 2.0) / 40)
