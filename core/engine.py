@@ -56,6 +56,10 @@ def prepare_process_environment() -> None:
     with contextlib.suppress(locale.Error):
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM's EngineCore spawned as a fresh python3, not a fork of this process (core/engine_start_method.py).
+    from core.engine_start_method import install as spawn_the_engine_core
+
+    spawn_the_engine_core()
     # Semaphores named after the server, before vLLM creates any: the launcher removes what a killed server left.
     from core.process_names import install as name_semaphores
 

@@ -72,6 +72,7 @@ if str(ROOT) not in sys.path:
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
+from core.engine_start_method import DEFAULTS as ENGINE_ENV_DEFAULTS  # noqa: E402
 from core.metrics import profiled_engine_args, stat_logger_factory  # noqa: E402
 from core.step_stats import EngineSteps, combine, parse_line  # noqa: E402
 from repo_render.substitute import set_argument  # noqa: E402
@@ -840,7 +841,9 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         add_vllm_backend(setup, args.vllm_backend)
     elif "vllm-backend-stream" in args.paths:
         raise SystemExit("bench: the path vllm-backend-stream needs --vllm-backend DIR")
-    os.environ.update(setup.engine_env)  # server_environment() copies it into every engine process of every path
+    # The core's default engine environment, then the deployment's: server_environment() copies both into every
+    # engine process of every path (`vllm serve` and the bare engine start theirs as the core does).
+    os.environ.update({**ENGINE_ENV_DEFAULTS, **setup.engine_env})
     if setup.engine_cpus:
         # Every path's engine on the deployment's engine CPUs, everything else (this client, the servers) off
         # them: this process first, so each server started below inherits the rest.
