@@ -5,8 +5,9 @@ forking the process that creates the engine: for the core, the Triton Python-bac
 through the shared `libpython` it links, and a fork keeps running that interpreter. Distribution builds of the
 shared libpython are slower at pure Python than their `python3` binary (built static: measured on this project's
 Debian CPU machine, a dict loop 22.7 ms in an embedded libpython3.11, in its forked child too, against 19.2 ms in
-/usr/bin/python3.11). On the H100, profiled side by side on one machine, a forked EngineCore stepped 5-18 % slower
-inside the server than the bare engine's at the same batch, a spawned one as fast (docs/performance-gpu.md).
+/usr/bin/python3.11). On the H100, profiled side by side on one machine, a forked EngineCore's decode steps ran
+4-18 % slower inside the server than the bare engine's at the same batch, a spawned one's as fast
+(docs/performance-gpu.md).
 
 So `install` makes spawn the default (a deployment's `engine_env` may still set `VLLM_WORKER_MULTIPROC_METHOD`),
 and checks that the Python a spawn starts (multiprocessing's executable, found through tritonserver's PATH in a

@@ -45,9 +45,12 @@ class StepSnapshot:
         return self.steps / self.busy_seconds if self.busy_seconds > 0 else 0.0
 
     @property
+    def decode_steps(self) -> int:
+        return self.detailed_steps - self.prefill_steps
+
+    @property
     def decode_steps_per_second(self) -> float:
-        decode_steps = self.detailed_steps - self.prefill_steps
-        return decode_steps / self.decode_busy_seconds if self.decode_busy_seconds > 0 else 0.0
+        return self.decode_steps / self.decode_busy_seconds if self.decode_busy_seconds > 0 else 0.0
 
     def describe(self) -> str:
         """One log line; `parse_line` reads it back."""
@@ -95,29 +98,45 @@ def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
     if not busy:
         return None
     steps = sum(snap.steps for snap in busy)
-    decode_steps = sum(snap.detailed_steps - snap.prefill_steps for snap in busy)
     prefill_steps = sum(snap.prefill_steps for snap in busy)
+    decode_steps = sum(snap.decode_steps for snap in busy)
     return StepSnapshot(
         seconds=sum(snap.seconds for snap in busy),
         busy_seconds=sum(snap.busy_seconds for snap in busy),
         steps=steps,
-        running_mean=sum(snap.running_mean * snap.steps for snap in busy) / steps,
+        running_mean=_mean(sum(snap.running_mean * snap.steps for snap in busy), steps),
         running_max=max(snap.running_max for snap in busy),
-        waiting_mean=sum(snap.waiting_mean * snap.steps for snap in busy) / steps,
+        waiting_mean=_mean(sum(snap.waiting_mean * snap.steps for snap in busy), steps),
         generation_tokens=sum(snap.generation_tokens for snap in busy),
         prompt_tokens=sum(snap.prompt_tokens for snap in busy),
         detailed_steps=sum(snap.detailed_steps for snap in busy),
         prefill_steps=prefill_steps,
         decode_busy_seconds=sum(snap.decode_busy_seconds for snap in busy),
-        decode_wait_ms=_weighted(
-            busy, "decode_wait_ms", lambda snap: snap.detailed_steps - snap.prefill_steps, decode_steps
-        ),
-        prefill_wait_ms=_weighted(busy, "prefill_wait_ms", lambda snap: snap.prefill_steps, prefill_steps),
+        decode_wait_ms=_mean(sum(snap.decode_wait_ms * snap.decode_steps for snap in busy), decode_steps),
+        prefill_wait_ms=_mean(sum(snap.prefill_wait_ms * snap.prefill_steps for snap in busy), prefill_steps),
     )
 
 
-def _weighted(snaps: list[StepSnapshot], field: str, weight: Any, total: int) -> float:
-    return sum(getattr(snap, field) * weight(snap) for snap in snaps) / total if total else 0.0
+def _mean(total: float, count: int) -> float:
+    return total / count if count else 0.0
+
+
+@dataclass
+class _Totals:
+    """What EngineSteps adds up between two snapshots."""
+
+    steps: int = 0
+    busy: float = 0.0
+    running: int = 0
+    running_max: int = 0
+    waiting: int = 0
+    generation: int = 0
+    prompt: int = 0
+    detailed: int = 0
+    prefill: int = 0
+    decode_busy: float = 0.0
+    decode_wait: float = 0.0
+    prefill_wait: float = 0.0
 
 
 class EngineSteps:
@@ -127,68 +146,51 @@ class EngineSteps:
         self._lock = threading.Lock()
         self._since = time.perf_counter()
         self._last: tuple[float, int] | None = None  # the previous step: when, and how many were running
-        self._reset()
-
-    def _reset(self) -> None:
-        self._steps = 0
-        self._busy = 0.0
-        self._running = 0
-        self._running_max = 0
-        self._waiting = 0
-        self._generation = 0
-        self._prompt = 0
-        self._detailed = 0
-        self._prefill = 0
-        self._decode_busy = 0.0
-        self._decode_wait = 0.0
-        self._prefill_wait = 0.0
+        self._totals = _Totals()
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         with self._lock:
+            totals = self._totals
             if scheduler_stats is not None:
                 now = time.perf_counter()
                 took = now - self._last[0] if self._last is not None and self._last[1] > 0 else 0.0
-                self._busy += took
+                totals.busy += took
                 self._last = (now, scheduler_stats.num_running_reqs)
                 details = getattr(scheduler_stats, "iteration_details", None)
                 if details is not None and not details.is_dummy:
-                    self._detailed += 1
+                    totals.detailed += 1
                     if details.num_ctx_tokens > 0:
-                        self._prefill += 1
-                        self._prefill_wait += details.elapsed_ms
+                        totals.prefill += 1
+                        totals.prefill_wait += details.elapsed_ms
                     else:
-                        self._decode_busy += took
-                        self._decode_wait += details.elapsed_ms
-                self._steps += 1
-                self._running += scheduler_stats.num_running_reqs
-                self._running_max = max(self._running_max, scheduler_stats.num_running_reqs)
-                self._waiting += scheduler_stats.num_waiting_reqs
+                        totals.decode_busy += took
+                        totals.decode_wait += details.elapsed_ms
+                totals.steps += 1
+                totals.running += scheduler_stats.num_running_reqs
+                totals.running_max = max(totals.running_max, scheduler_stats.num_running_reqs)
+                totals.waiting += scheduler_stats.num_waiting_reqs
             if iteration_stats is not None:
-                self._generation += iteration_stats.num_generation_tokens
-                self._prompt += iteration_stats.num_prompt_tokens
+                totals.generation += iteration_stats.num_generation_tokens
+                totals.prompt += iteration_stats.num_prompt_tokens
 
     def snapshot(self) -> StepSnapshot:
         """The figures since the last snapshot (and start again)."""
         now = time.perf_counter()
         with self._lock:
-            steps = self._steps
-            snap = StepSnapshot(
-                seconds=now - self._since,
-                busy_seconds=self._busy,
-                steps=steps,
-                running_mean=self._running / steps if steps else 0.0,
-                running_max=self._running_max,
-                waiting_mean=self._waiting / steps if steps else 0.0,
-                generation_tokens=self._generation,
-                prompt_tokens=self._prompt,
-                detailed_steps=self._detailed,
-                prefill_steps=self._prefill,
-                decode_busy_seconds=self._decode_busy,
-                decode_wait_ms=self._decode_wait / (self._detailed - self._prefill)
-                if self._detailed > self._prefill
-                else 0.0,
-                prefill_wait_ms=self._prefill_wait / self._prefill if self._prefill else 0.0,
-            )
-            self._since = now
-            self._reset()
-        return snap
+            totals, self._totals = self._totals, _Totals()
+            since, self._since = self._since, now
+        return StepSnapshot(
+            seconds=now - since,
+            busy_seconds=totals.busy,
+            steps=totals.steps,
+            running_mean=_mean(totals.running, totals.steps),
+            running_max=totals.running_max,
+            waiting_mean=_mean(totals.waiting, totals.steps),
+            generation_tokens=totals.generation,
+            prompt_tokens=totals.prompt,
+            detailed_steps=totals.detailed,
+            prefill_steps=totals.prefill,
+            decode_busy_seconds=totals.decode_busy,
+            decode_wait_ms=_mean(totals.decode_wait, totals.detailed - totals.prefill),
+            prefill_wait_ms=_mean(totals.prefill_wait, totals.prefill),
+        )
