@@ -6,8 +6,8 @@ request's first response where its time went inside the core: from `execute` to 
 from there until a sender thread started sending it ("queued"), and the send itself. A send is a round trip to
 tritonserver with the GIL released, so its time also shows how long a sender thread waited to get the GIL back.
 And the engine's own steps (core/step_stats.py: its batch, steps per second), for which the core turns vLLM's
-statistics on. `tools/bench.py --profile` and `tools/trace_timeline.py` turn it on. Triton-free (the logger is any
-object with `log_info`).
+statistics on, and the garbage collector's runs in the core's process (core/gc_heap.py). `tools/bench.py --profile`
+and `tools/trace_timeline.py` turn it on. Triton-free (the logger is any object with `log_info`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+from core.gc_heap import GcPauses
 from core.step_stats import EngineSteps
 
 ENVIRONMENT_KEY = "TRITON_VLLM_CORE_STATS_SECONDS"
@@ -29,6 +30,7 @@ class CoreStats:
         self._logger = logger
         self._interval = interval
         self._steps = steps
+        self._gc = GcPauses()
         self._lock = threading.Lock()
         # request -> [admitted, first output from vLLM or None], until its first response is sent
         self._pending_first: dict[Hashable, list[float | None]] = {}
@@ -104,6 +106,9 @@ class CoreStats:
             if self._steps is not None and (steps := self._steps.snapshot()).steps:
                 self._logger.log_info(f"vllm_core {steps.describe()}")
             snap = self.snapshot()
+            collected = self._gc.snapshot()
+            if snap["sends"] or snap["requests"] or collected.full_collections:
+                self._logger.log_info(f"vllm_core {collected.describe()}")
             if snap["sends"] or snap["requests"]:
                 rate = {key: value / self._interval for key, value in snap.items() if key in ("sends", "requests")}
                 self._logger.log_info(
@@ -116,3 +121,4 @@ class CoreStats:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._gc.stop()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.gc_heap import freeze_startup_heap, unfreeze_heap
 from core.interface import InvalidInput, Unavailable, check_lora
 from core.protocol import EngineRequest, EngineResponse
 from core.settings import HealthSettings
@@ -256,8 +257,10 @@ class Engine:
         with contextlib.suppress(Exception):  # vLLM already shut the dead client down; free what is left
             old.shutdown()
         del old
+        unfreeze_heap()  # the dead engine's objects were frozen with the startup heap (core/gc_heap.py)
         gc.collect()
         self._llm = self._new_llm()
+        freeze_startup_heap()
 
     def shutdown(self) -> None:
         self._closing.set()

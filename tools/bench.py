@@ -73,6 +73,7 @@ if str(ROOT) not in sys.path:
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
 from core.engine_start_method import DEFAULTS as ENGINE_ENV_DEFAULTS  # noqa: E402
+from core.gc_heap import freeze_startup_heap  # noqa: E402
 from core.metrics import profiled_engine_args, stat_logger_factory  # noqa: E402
 from core.step_stats import EngineSteps, combine, parse_line  # noqa: E402
 from repo_render.substitute import set_argument  # noqa: E402
@@ -130,6 +131,9 @@ class LevelResult:
     triton_stats: dict[str, dict[str, float]] | None = None
     # --profile: the engine's own steps over the level (core/step_stats.py): its batch, steps per second
     engine_steps: dict[str, Any] | None = None
+    # "command.repetition" of the results file: runs of the same round were measured in one command's same
+    # repetition, so their ratio is paired (with --interleave, seconds apart)
+    round_id: str = ""
 
     @property
     def tokens_per_second(self) -> float:
@@ -346,9 +350,12 @@ class VllmServe:
 
 
 # The bare engine, in a worker subprocess (its own process group, so its CPU is counted like a server's) ---
+# The worker starts the engine once and then measures one level of one path per command: JSON lines on its stdin,
+# each answered by one JSON line on its stdout (vLLM's own output goes to its log), so a level of the bare engine
+# can be run between two levels of another path (--interleave).
 
 
-async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
+async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -363,6 +370,8 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers)
     if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
         EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
+    # Frozen as `vllm serve` freezes its own, whatever TRITON_VLLM_GC_FREEZE says (that switch is for our server).
+    freeze_startup_heap(switchable=False)
     counter = iter(range(10**9))
 
     def sender(stream: bool):
@@ -380,18 +389,27 @@ async def bare_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         return send
 
     prompts = [Prompt(ids, "") for ids in spec["prompts"]]
-    results = []
+    runners = {path: InProcessRunner(sender(path == "bare-stream")) for path in ("bare", "bare-stream")}
+    loop = asyncio.get_running_loop()
     try:
-        for rep in range(spec["reps"]):
-            for path in spec["paths"]:
-                runner = InProcessRunner(sender(path == "bare-stream"))
-                for level in spec["levels"]:
-                    watch = None if steps is None else EngineWatch(steps)
-                    measured = await measure(runner, prompts, level, os.getpgid(0), None, watch)
-                    results.append({"path": path, "rep": rep, "level": level, "measured": measured})
+        answers.write(json.dumps({"ready": True}) + "\n")
+        answers.flush()
+        while line := await loop.run_in_executor(None, commands.readline):
+            command = json.loads(line)
+            watch = None if steps is None else EngineWatch(steps)
+            measured = await measure(runners[command["path"]], prompts, command["level"], os.getpgid(0), None, watch)
+            answers.write(json.dumps(measured) + "\n")
+            answers.flush()
     finally:
         llm.shutdown()
-    return results
+
+
+def bare_worker_main(spec_file: Path) -> None:
+    """The worker's process: answers go to the stdout it was started with; everything else printed (vLLM's
+    logs included) goes to its stderr, the log file."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    asyncio.run(bare_worker(json.loads(spec_file.read_text()), sys.stdin, answers))
 
 
 async def measure(
@@ -416,21 +434,160 @@ async def measure(
     }
 
 
-def run_bare(spec: dict[str, Any], log: Path) -> list[dict[str, Any]]:
-    spec_file = log.with_suffix(".json")
-    spec_file.write_text(json.dumps(spec))
-    out = log.with_suffix(".out.json")
-    with open(log, "wb") as log_handle:
-        code = subprocess.call(
-            [sys.executable, __file__, "--bare-worker", str(spec_file), str(out)],
-            env=server_environment(),
-            stdout=log_handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    if code != 0:
-        raise RuntimeError(f"bare worker failed ({code}); see {log}")
-    return json.loads(out.read_text())
+# Engine groups: one engine start each, measured a level of a path at a time ---------------------------------
+
+
+class BareGroup:
+    """The bare paths: the engine in its worker subprocess."""
+
+    def __init__(self, paths: list[str], spec: dict[str, Any], log: Path) -> None:
+        self.paths, self.spec, self.log = paths, spec, log
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def open(self) -> None:
+        spec_file = self.log.with_suffix(".json")
+        spec_file.write_text(json.dumps(self.spec))
+        with open(self.log, "wb") as log_handle:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--bare-worker",
+                str(spec_file),
+                env=server_environment(),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log_handle,
+                start_new_session=True,
+                limit=1 << 26,  # one answer holds every request's latency
+            )
+        await self._answer()  # ready: the engine is up
+
+    async def _answer(self) -> dict[str, Any]:
+        assert self.process is not None and self.process.stdout is not None
+        line = await self.process.stdout.readline()
+        if not line:
+            await self.process.wait()
+            raise RuntimeError(f"bare worker failed ({self.process.returncode}); see {self.log}")
+        return json.loads(line)
+
+    async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write((json.dumps({"path": path, "level": level}) + "\n").encode())
+        await self.process.stdin.drain()
+        measured = await self._answer()
+        progress.update(level["requests"])
+        return measured
+
+    async def close(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        assert self.process.stdin is not None
+        self.process.stdin.close()  # the worker shuts its engine down and exits
+        try:
+            await asyncio.wait_for(self.process.wait(), 60)
+        except TimeoutError:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            await self.process.wait()
+
+
+class ServedGroup:
+    """The paths of one server (tritonserver or `vllm serve`): a client runner per path, --profile's watches."""
+
+    def __init__(self, args: argparse.Namespace, paths: list[str], levels: list[dict[str, Any]], prompts) -> None:
+        self.args, self.paths, self.levels, self.prompts = args, paths, levels, prompts
+        self.runners: dict[str, Runner] = {}
+        self.pgid = 0
+        self.triton: TritonServer | None = None
+
+    async def open_server(self) -> dict[str, ClientSpec]:
+        raise NotImplementedError
+
+    async def close_server(self) -> None:
+        raise NotImplementedError
+
+    async def open(self) -> None:
+        specs = await self.open_server()
+        for path, spec in specs.items():
+            self.runners[path] = await open_runner(spec, self.args.client_processes)
+
+    async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
+        args = self.args
+        watch = ServerWatch(self.pgid, self.triton) if args.profile else None
+        recorders = []
+        if args.profile and rep == 0 and level is profiled_level(self.levels):
+            recorders = start_py_spy(self.pgid, args.profile_seconds, args.out / "profiles", path)
+        measured = await measure(self.runners[path], self.prompts, level, self.pgid, progress, watch)
+        for recorder in recorders:
+            recorder.wait(timeout=args.profile_seconds + 30)
+        return measured
+
+    async def close(self) -> None:
+        try:
+            for runner in self.runners.values():
+                await runner.close()
+        finally:
+            await self.close_server()
+
+
+class TritonGroup(ServedGroup):
+    def __init__(self, args, paths, levels, prompts, setup: BenchSetup) -> None:
+        super().__init__(args, paths, levels, prompts)
+        self.setup = setup
+        self.server: TritonServer | None = None
+
+    async def open_server(self) -> dict[str, ClientSpec]:
+        # --profile: the core logs its counters, and the engine's steps, every CORE_STATS_SECONDS (core/core_stats.py)
+        environment = {CORE_STATS_KEY: str(CORE_STATS_SECONDS)} if self.args.profile else None
+        self.server = start_on_free_ports(self.setup.repo, self.args.out / "triton.log", environment=environment)
+        self.triton, self.pgid = self.server, self.server.process.pid
+        return triton_client_specs(self.paths, self.setup, self.server)
+
+    async def close_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+class VllmServeGroup(ServedGroup):
+    def __init__(self, args, paths, levels, prompts, setup: BenchSetup) -> None:
+        super().__init__(args, paths, levels, prompts)
+        self.setup = setup
+        self.serve = VllmServe(setup.engine_args, args.out / "vllm-serve.log")
+
+    async def open_server(self) -> dict[str, ClientSpec]:
+        await self.serve.start()
+        assert self.serve.process is not None
+        if self.setup.engine_cpus:  # placed as the core places ours (core.engine_cpus)
+            EnginePlacement(self.setup.engine_cpus).apply(self.serve.process.pid)
+        self.pgid = self.serve.process.pid
+        address = f"127.0.0.1:{self.serve.port}"
+        return {
+            path: ClientSpec("openai-stream" if is_streamed(path) else "openai", address, SERVE_MODEL_NAME)
+            for path in self.paths
+        }
+
+    async def close_server(self) -> None:
+        await self.serve.stop()
+
+
+Group = BareGroup | TritonGroup | VllmServeGroup
+
+
+def schedule(groups: list[Any], reps: int, levels: list[dict[str, Any]], interleave: bool):
+    """The order of the measurements, as (group, path, rep, level). One after the other: every level of a path
+    before the next path, every path of a group before the next group. Interleaved: each level of one repetition
+    is measured on every path in turn before the next level, so paths compared with each other are measured
+    seconds apart, not minutes (the machine's own speed drifts more than that: docs/performance-gpu.md)."""
+    if interleave:
+        return [
+            (group, path, rep, level)
+            for rep in range(reps)
+            for level in levels
+            for group in groups
+            for path in group.paths
+        ]
+    return [
+        (group, path, rep, level) for group in groups for rep in range(reps) for path in group.paths for level in levels
+    ]
 
 
 # The repository ------------------------------------------------------------------------------------------
@@ -526,6 +683,7 @@ class ResultsFile:
         self.results: list[LevelResult] = []
 
     def add(self, result: LevelResult) -> None:
+        result.round_id = f"{len(self.commands) - 1}.{result.rep}"
         result.rep += 1 + max((r.rep for r in self.earlier if r.path == result.path), default=-1)
         self.results.append(result)
         self.write()
@@ -552,8 +710,13 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
     rows = []
     keys = sorted({(r.path, r.max_tokens, r.concurrency) for r in results}, key=lambda k: (k[1], k[0], k[2]))
     tps: dict[tuple[str, int, int], list[float]] = {}
+    by_round: dict[tuple[int, int], dict[str, dict[str, float]]] = {}  # level -> path -> round -> tok/s
     for r in results:
         tps.setdefault((r.path, r.max_tokens, r.concurrency), []).append(r.tokens_per_second)
+        if r.round_id:
+            by_round.setdefault((r.max_tokens, r.concurrency), {}).setdefault(r.path, {})[r.round_id] = (
+                r.tokens_per_second
+            )
     for path, max_tokens, concurrency in keys:
         reps = [r for r in results if (r.path, r.max_tokens, r.concurrency) == (path, max_tokens, concurrency)]
         mine = tps[(path, max_tokens, concurrency)]
@@ -564,6 +727,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
         base = tps.get((baseline_of(path), max_tokens, concurrency))
         steps = [r.engine_steps for r in reps if r.engine_steps]
         detailed = [x for x in steps if x.get("detailed_steps")]  # with vLLM's iteration details
+        paired = paired_ratios(by_round.get((max_tokens, concurrency), {}), path)
         rows.append(
             {
                 "path": path,
@@ -576,6 +740,9 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "requests_per_s": statistics.median(r.requests / r.wall for r in reps),
                 "baseline": baseline_of(path),
                 "ratio": statistics.median(mine) / statistics.median(base) if base else None,
+                # the median of this path's tok/s over the other's in the same rounds (see LevelResult.round_id)
+                "paired_ratio": paired.get(baseline_of(path)),
+                "paired_ratios": paired,
                 "ttft_p50_ms": _ms(percentile(ttfts, 50)),
                 "ttft_p99_ms": _ms(percentile(ttfts, 99)),
                 "e2e_p50_ms": _ms(percentile(latencies, 50)),
@@ -588,6 +755,18 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def paired_ratios(rounds: dict[str, dict[str, float]], path: str) -> dict[str, float]:
+    """For one level, `path`'s tok/s over each other path's, as the median of the ratios of the rounds in which both
+    were measured (path -> round -> tok/s)."""
+    mine = rounds.get(path, {})
+    ratios = {}
+    for other, theirs in rounds.items():
+        common = sorted(set(mine) & set(theirs))
+        if other != path and common:
+            ratios[other] = statistics.median(mine[r] / theirs[r] for r in common)
+    return ratios
 
 
 def engine_detail_columns(steps: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -619,19 +798,24 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'path':<22}{'max_tok':>8}{'conc':>6}{'tok/s':>9}{'spread':>15}{'ratio':>7}{'req/s':>8}"
+        f"{'path':<22}{'max_tok':>8}{'conc':>6}{'tok/s':>9}{'spread':>15}{'ratio':>7}{'paired':>7}{'req/s':>8}"
         f"{'ttft50':>8}{'ttft99':>8}{'e2e50':>8}{'e2e99':>8}{'cpu/1k':>8}{'client':>7}"
     )
     for row in rows:
         spread = f"{row['tokens_per_s_min']:.0f}..{row['tokens_per_s_max']:.0f}"
         print(
             f"{row['path']:<22}{row['max_tokens']:>8}{row['concurrency']:>6}{row['tokens_per_s']:>9.0f}{spread:>15}"
-            f"{_fmt(row['ratio'], '.2f'):>7}{row['requests_per_s']:>8.1f}{_fmt(row['ttft_p50_ms'], '.1f'):>8}"
+            f"{_fmt(row['ratio'], '.2f'):>7}{_fmt(row.get('paired_ratio'), '.2f'):>7}{row['requests_per_s']:>8.1f}"
+            f"{_fmt(row['ttft_p50_ms'], '.1f'):>8}"
             f"{_fmt(row['ttft_p99_ms'], '.1f'):>8}{_fmt(row['e2e_p50_ms'], '.0f'):>8}"
             f"{_fmt(row['e2e_p99_ms'], '.0f'):>8}"
             f"{_fmt(row['cpu_s_per_1k_tokens'], '.2f'):>8}{_fmt(row['client_cores'], '.2f'):>7}"
         )
-    print("ratio: to bare (plain paths) or bare-stream (streamed paths) of the same run; client: cores the client used")
+    print(
+        "ratio: the median tok/s over the median of bare (plain paths) or bare-stream (streamed paths); paired: the"
+        " median of the ratios of the repetitions in which both were measured (seconds apart with --interleave);"
+        " client: cores the client used"
+    )
     engine_rows = [row for row in rows if row.get("engine_running_mean") is not None]
     if engine_rows:
         print("\nthe engine's steps over each level (--profile; median of the repetitions):")
@@ -681,10 +865,14 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
             against = by_key.get((other, max_tokens, concurrency))
             if against is None:
                 continue
-            ratio = row["tokens_per_s"] / against["tokens_per_s"]
+            # Paired repetitions where there are any: the machine's drift between them is smaller.
+            paired = row.get("paired_ratios", {}).get(other)
+            ratio = paired if paired is not None else row["tokens_per_s"] / against["tokens_per_s"]
             verdict = "met" if ratio >= minimum else "NOT met"
+            how = "paired" if paired is not None else "of medians"
             lines.append(
-                f"{ours} / {other} at {max_tokens} tokens x {concurrency}: {ratio:.2f} (target >= {minimum}) {verdict}"
+                f"{ours} / {other} at {max_tokens} tokens x {concurrency}: {ratio:.2f} {how} (target >= {minimum})"
+                f" {verdict}"
             )
     for max_tokens, concurrency in [(m, c) for (p, m, c) in by_key if p == "stream-grpc"]:
         ours, base = (
@@ -784,53 +972,6 @@ def triton_client_specs(paths: list[str], setup: BenchSetup, server: TritonServe
     return specs
 
 
-async def measure_paths(args, specs: dict[str, ClientSpec], levels, prompts, pgid: int, triton, record, progress):
-    """Every repetition of every path's levels against one running server (its process group `pgid`)."""
-    runners = {path: await open_runner(spec, args.client_processes) for path, spec in specs.items()}
-    try:
-        for rep in range(args.reps):
-            for path, runner in runners.items():
-                progress.set_description(f"{path} (rep {rep + 1})")
-                for level in levels:
-                    watch = ServerWatch(pgid, triton) if args.profile else None
-                    recorders = []
-                    if args.profile and rep == 0 and level is profiled_level(levels):
-                        recorders = start_py_spy(pgid, args.profile_seconds, args.out / "profiles", path)
-                    record(path, rep, level, await measure(runner, prompts, level, pgid, progress, watch))
-                    for recorder in recorders:
-                        recorder.wait(timeout=args.profile_seconds + 30)
-    finally:
-        for runner in runners.values():
-            await runner.close()
-
-
-async def run_triton(args, setup: BenchSetup, paths, levels, prompts, record, progress) -> None:
-    # --profile: the core logs its counters, and the engine's steps, every CORE_STATS_SECONDS (core/core_stats.py)
-    environment = {CORE_STATS_KEY: str(CORE_STATS_SECONDS)} if args.profile else None
-    server = start_on_free_ports(setup.repo, args.out / "triton.log", environment=environment)
-    try:
-        specs = triton_client_specs(paths, setup, server)
-        await measure_paths(args, specs, levels, prompts, server.process.pid, server, record, progress)
-    finally:
-        server.stop()
-
-
-async def run_vllm_serve(args, setup: BenchSetup, paths, levels, prompts, record, progress) -> None:
-    serve = VllmServe(setup.engine_args, args.out / "vllm-serve.log")
-    await serve.start()
-    if setup.engine_cpus:  # placed as the core places ours (core.engine_cpus)
-        EnginePlacement(setup.engine_cpus).apply(serve.process.pid)
-    try:
-        address = f"127.0.0.1:{serve.port}"
-        specs = {
-            path: ClientSpec("openai-stream" if is_streamed(path) else "openai", address, SERVE_MODEL_NAME)
-            for path in paths
-        }
-        await measure_paths(args, specs, levels, prompts, serve.process.pid, None, record, progress)
-    finally:
-        await serve.stop()
-
-
 async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], None]) -> None:
     from tqdm import tqdm
 
@@ -861,25 +1002,42 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         on_result(LevelResult(path, level["max_tokens"], level["concurrency"], rep, level["requests"], **measured))
 
     bare = [p for p in paths if p.startswith("bare")]
+    served = [p for p in paths if p.startswith("vllm-serve")]
+    triton = [p for p in paths if p in TRITON_PATHS or p.startswith("extra")]
+    groups: list[Group] = []
     if bare:
-        progress.set_description(", ".join(bare))
         spec = {
             "engine_args": setup.engine_args,
             "engine_cpus": setup.engine_cpus,
             "prompts": [prompt.ids for prompt in prompts],
-            "levels": levels,
-            "paths": bare,
             "profile": args.profile,
         }
-        for item in run_bare({**spec, "reps": args.reps}, out / "bare.log"):
-            record(item["path"], item["rep"], item["level"], item["measured"])
-            progress.update(item["level"]["requests"])
-    served = [p for p in paths if p.startswith("vllm-serve")]
+        groups.append(BareGroup(bare, spec, out / "bare.log"))
     if served:
-        await run_vllm_serve(args, setup, served, levels, prompts, record, progress)
-    triton = [p for p in paths if p in TRITON_PATHS or p.startswith("extra")]
+        groups.append(VllmServeGroup(args, served, levels, prompts, setup))
     if triton:
-        await run_triton(args, setup, triton, levels, prompts, record, progress)
+        groups.append(TritonGroup(args, triton, levels, prompts, setup))
+    opened: list[Group] = []
+
+    async def start(group: Group) -> None:
+        progress.set_description(f"starting {', '.join(group.paths)}")
+        await group.open()
+        opened.append(group)
+
+    try:
+        if args.interleave:  # every engine up (one after the other) before the first level
+            for group in groups:
+                await start(group)
+        for group, path, rep, level in schedule(groups, args.reps, levels, args.interleave):
+            if group not in opened:  # one group at a time: the one before is done
+                while opened:
+                    await opened.pop().close()
+                await start(group)
+            progress.set_description(f"{path} (rep {rep + 1})")
+            record(path, rep, level, await group.measure(path, rep, level, progress))
+    finally:
+        for group in reversed(opened):
+            await group.close()
     progress.close()
 
 
@@ -901,6 +1059,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-stream-model", action="append", default=[])
     parser.add_argument("--vllm-backend", type=Path, help="src/ of a triton-inference-server/vllm_backend checkout")
     parser.add_argument("--merge", action="store_true", help="add this run to OUT/results.json instead of replacing")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every engine first, then measure each level on every path in turn (paired repetitions)",
+    )
     parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests per level")
@@ -924,12 +1087,11 @@ def main(argv: list[str] | None = None) -> int:
         help="keep N CPUs busy with pure-Python loops for the whole run (how the engine steps on a busy host)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
-    parser.add_argument("--bare-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--bare-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.bare_worker:
-        spec_file, out_file = args.bare_worker
-        out_file.write_text(json.dumps(asyncio.run(bare_worker(json.loads(spec_file.read_text())))))
+        bare_worker_main(args.bare_worker)
         return 0
     args.variables = dict(args.set)
 

@@ -33,6 +33,7 @@ from core.core_stats import CoreStats
 from core.cpu_placement import EnginePlacement
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
+from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
 from core.metrics import StatsSink, profiled_engine_args, stat_logger_factory
 from core.protocol import EngineResponse, decode_request, encode_response
@@ -104,6 +105,7 @@ class CoreModel:
         ]
         for thread in self._sender_threads:
             thread.start()
+        freeze_startup_heap()  # the engine, torch, vLLM: out of the cycle collector's sight (core/gc_heap.py)
 
     def _place(self, placement: EnginePlacement) -> None:
         # The whole server: tritonserver (this stub's parent) with every stub, and the engine's processes.

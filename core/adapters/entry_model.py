@@ -30,6 +30,7 @@ from core.adapters.common import (
 )
 from core.adapters.generate_model import GenerateModel
 from core.engine_config import resolve_paths
+from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.protocol import peek_response, whole_answer
 from core.settings import EntrySettings
@@ -69,6 +70,7 @@ class EntryModel(GenerateModel):
         self._probes = ThreadPoolExecutor(max_workers=32, thread_name_prefix="entry-cancel-probe")
         self._watcher = threading.Thread(target=self._watch, name="entry-cancel-watch", daemon=True)
         self._watcher.start()
+        freeze_startup_heap()  # again: the stages loaded after generate's part (core/gc_heap.py)
 
     def _run_stage(self, role: str, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
         stage, _, output_types = self.stages[role]

@@ -20,6 +20,7 @@ from core.adapters.common import (
     triton_error,
     version_dir,
 )
+from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.protocol import whole_answer
 from core.settings import GenerateSettings, load_settings
@@ -46,6 +47,7 @@ class GenerateModel:
         self.pool = ThreadPoolExecutor(max_workers=self.settings.max_in_flight, thread_name_prefix="generate")
         self._graveyard: deque[tuple[float, Any]] = deque()
         self._graveyard_lock = threading.Lock()
+        freeze_startup_heap()  # core/gc_heap.py
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:

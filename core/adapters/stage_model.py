@@ -19,6 +19,7 @@ from core.adapters.common import (
     version_dir,
 )
 from core.engine_config import resolve_paths
+from core.gc_heap import freeze_startup_heap
 from core.interface import InvalidInput
 
 
@@ -33,6 +34,7 @@ class StageModel:
         self.stage = stage_class(resolve_paths(spec.get("settings", {}), repository_root, STAGE_PATH_KEYS))
         self.input_names = [t.name for t in stage_class.inputs]
         self.output_types = {t.name: t.numpy_dtype for t in stage_class.outputs}
+        freeze_startup_heap()  # the stage's tokenizer and modules (core/gc_heap.py)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         return [self._run(request) for request in requests]
