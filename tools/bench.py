@@ -3,7 +3,8 @@ same model, engine args and engine environment (those of one deployment file).
 
     .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
-        [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge] [--profile] [--quick]
+        [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge] [--interleave] [--profile]
+        [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--out .bench]
 
 Paths:
@@ -29,7 +30,11 @@ event loop and connection and its share of the streams (tools/bench_clients.py);
 streams is busy enough to delay the responses it times. The bare paths' client is always the engine's own process.
 
 Each engine starts once per command: the bare worker runs both bare paths, one `vllm serve` both of its paths,
-one tritonserver every Triton path; `--reps` repeats the levels inside. `--merge` adds this command's runs to
+one tritonserver every Triton path; `--reps` repeats the levels inside. By default one engine runs at a time, each
+path's levels one after the other. --interleave starts every engine first (they must fit the GPU together) and
+measures each level on every path in turn, so the paths compared are measured seconds apart, not minutes: the
+table's "paired" column, and the targets where it exists, is the median over the repetitions of each one's ratio.
+`--merge` adds this command's runs to
 OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (at least 8, at most --max-requests); one warm-up round per path
