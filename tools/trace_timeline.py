@@ -12,6 +12,13 @@ each model per request is shown (a streamed request runs postprocess once per de
 (core/core_stats.py: for each first response, the time from the core's `execute` to vLLM's first output, then in
 its sender queue, then the send) are on for this server, and their log lines for each phase are printed too. They
 turn vLLM's per-step statistics on (core/step_stats.py), so the engine runs as under `tools/bench.py --profile`.
+
+`--concurrency N` (N > 1) traces a loaded level instead: N streams of closed-loop requests (as a bench level, from
+`--client-processes` processes), every request traced, per ensemble. It prints each event's offset as mean, p50
+and p90, and the mean time from the event before it: by Little's law each mean gap times the request rate is the
+number of requests in that segment at any moment, so the gaps show where the requests that are not in the engine
+are. The client's share (gRPC both ways, the client's own turnaround) is its cycle time per request minus the
+ensemble's REQUEST_START-to-REQUEST_END.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from tools.bench import bench_repository, build_prompts  # noqa: E402
-from tools.bench_clients import ClientSpec, open_client, run_level  # noqa: E402
+from tools.bench_clients import ClientSpec, open_client, open_runner, run_level  # noqa: E402
 from tools.triton_server import start_on_free_ports  # noqa: E402
 
 TRACE_OFF = ["--trace-config=level=OFF", "--trace-config=rate=1", "--trace-config=count=-1"]
@@ -57,6 +64,14 @@ def load_trace(path: Path) -> dict[int, dict[str, Any]]:
 
 def timeline(traces: dict[int, dict[str, Any]], ensemble: str) -> tuple[int, dict[str, float]]:
     """Median ms after the ensemble's REQUEST_START of each "<model> <event>" (first execution of each model)."""
+    count, offsets = event_offsets(traces, ensemble)
+    medians = {key: statistics.median(values) for key, values in offsets.items()}
+    return count, dict(sorted(medians.items(), key=lambda item: item[1]))
+
+
+def event_offsets(traces: dict[int, dict[str, Any]], ensemble: str) -> tuple[int, dict[str, list[float]]]:
+    """Per "<model> <event>", its ms after the ensemble's REQUEST_START in each traced request (the first execution
+    of each model, and the ensemble's own events), and how many requests were traced."""
     children: dict[int, list[int]] = defaultdict(list)
     for trace_id, trace in traces.items():
         if trace["parent"] is not None:
@@ -88,8 +103,18 @@ def timeline(traces: dict[int, dict[str, Any]], ensemble: str) -> tuple[int, dic
                 events.setdefault(f"{model} {name}", ns)
         for key, ns in events.items():
             offsets[key].append((ns - origin) / 1e6)
-    medians = {key: statistics.median(values) for key, values in offsets.items()}
-    return count, dict(sorted(medians.items(), key=lambda item: item[1]))
+    return count, offsets
+
+
+def load_table(offsets: dict[str, list[float]]) -> list[tuple[str, float, float, float, float]]:
+    """(event, mean, p50, p90, mean gap from the event before it), in the order of the mean offsets."""
+    rows, previous = [], 0.0
+    for key, values in sorted(offsets.items(), key=lambda item: statistics.fmean(item[1])):
+        ordered = sorted(values)
+        mean = statistics.fmean(values)
+        rows.append((key, mean, statistics.median(values), ordered[int(0.9 * (len(ordered) - 1))], mean - previous))
+        previous = mean
+    return rows
 
 
 async def measure(args: argparse.Namespace) -> None:
@@ -146,13 +171,67 @@ async def measure(args: argparse.Namespace) -> None:
             print(f"  {line}")
 
 
+async def measure_loaded(args: argparse.Namespace) -> None:
+    """Every request of a loaded level traced (see the module's docstring)."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    setup = bench_repository(args.out, args.deployment, {})
+    prompts = build_prompts(setup.tokenizer)
+    log_file = args.out / "triton.log"
+    trace_file = args.out / "trace.json"
+    trace_file.unlink(missing_ok=True)
+    server = start_on_free_ports(
+        setup.repo,
+        log_file,
+        extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF],
+        environment={CORE_STATS_KEY: str(CORE_STATS_SECONDS)},
+    )
+    cycles: dict[str, float] = {}
+    try:
+        for ensemble, kind in ((setup.plain, "grpc-infer"), (setup.streaming, "grpc-stream")):
+            runner = await open_runner(ClientSpec(kind, server.grpc_url, ensemble), args.client_processes)
+            try:
+                await runner.prepare(prompts, args.concurrency, args.requests, args.max_tokens)  # warm-up, untraced
+                server.trace_setting(trace_level=["TIMESTAMPS"], trace_rate="1")
+                run = await runner.run()
+                server.trace_setting(trace_level=["OFF"])
+            finally:
+                await runner.close()
+            # Mean time between a stream's request starts: the whole cycle one request takes.
+            cycles[ensemble] = run.wall * args.concurrency / len(run.samples) * 1000
+            latency = statistics.fmean(sample.latency for sample in run.samples) * 1000
+            tokens = sum(sample.output_tokens for sample in run.samples)
+            print(
+                f"{ensemble}: {len(run.samples)} requests, {args.concurrency} streams, {tokens / run.wall:.0f} tok/s;"
+                f" per request: cycle {cycles[ensemble]:.1f} ms, client latency mean {latency:.1f} ms"
+            )
+    finally:
+        server.stop()
+    traces = load_trace(trace_file)
+    for ensemble in cycles:
+        count, offsets = event_offsets(traces, ensemble)
+        print(f"\n{ensemble}: {count} requests traced; ms after the ensemble's REQUEST_START")
+        print(f"  {'mean':>8} {'p50':>8} {'p90':>8} {'gap':>8}  event")
+        for key, mean, p50, p90, gap in load_table(offsets):
+            print(f"  {mean:8.2f} {p50:8.2f} {p90:8.2f} {gap:8.2f}  {key}")
+        inside = statistics.fmean(offsets.get(f"{ensemble} REQUEST_END", [0.0]))
+        outside = cycles[ensemble] - inside
+        print(f"  outside the server (client, gRPC): {outside:.1f} ms of a {cycles[ensemble]:.1f} ms cycle")
+    print("\nthe core's counters (one line per second):")
+    for line in server.log_text().splitlines():
+        if "vllm_core stats" in line or "vllm_core engine" in line:
+            print(f"  {line[line.index('vllm_core') :].rstrip(chr(34))}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deployment", type=Path, help="the deployment file (default: the CPU bench set-up)")
     parser.add_argument("--requests", type=int, default=20, help="traced requests per ensemble, one at a time")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of the streamed requests")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "trace")
-    asyncio.run(measure(parser.parse_args(argv)))
+    parser.add_argument("--concurrency", type=int, default=1, help="above 1: trace a loaded level of this many streams")
+    parser.add_argument("--client-processes", type=int, default=1, help="client processes of a loaded level")
+    args = parser.parse_args(argv)
+    asyncio.run(measure_loaded(args) if args.concurrency > 1 else measure(args))
     return 0
 
 

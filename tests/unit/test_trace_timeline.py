@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.trace_timeline import load_trace, timeline
+from tools.trace_timeline import event_offsets, load_table, load_trace, timeline
 
 
 def _records(request: int, origin_ns: int) -> list[dict]:
@@ -31,3 +31,15 @@ def test_steps_are_timed_from_the_ensembles_start_with_the_first_execution_of_ea
     count, medians = timeline(load_trace(trace), "ens")
     assert count == 3
     assert medians == {"ens REQUEST_START": 0.0, "preprocess COMPUTE_START": 1.0, "postprocess REQUEST_START": 7.0}
+
+
+def test_a_loaded_levels_table_orders_events_by_their_mean_with_the_mean_gap_from_the_one_before(tmp_path: Path):
+    trace = tmp_path / "trace.json"
+    records = _records(1, 10**12) + _records(2, 2 * 10**12) + _records(3, 3 * 10**12)
+    trace.write_text(json.dumps(records))
+    count, offsets = event_offsets(load_trace(trace), "ens")
+    assert count == 3
+    table = load_table(offsets)
+    assert [row[0] for row in table] == ["ens REQUEST_START", "preprocess COMPUTE_START", "postprocess REQUEST_START"]
+    event, mean, p50, p90, gap = table[2]  # the first postprocess: 6, 7 and 8 ms after the start
+    assert (mean, p50, p90, gap) == (7.0, 7.0, 7.0, 6.0)
