@@ -37,8 +37,8 @@ table's "paired" column, and the targets where it exists, is the median over the
 `--merge` adds this command's runs to
 OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
-concurrency level with 4 requests per stream (at least 8, at most --max-requests); one warm-up round per path
-and level is not counted.
+concurrency level with 4 requests per stream (--requests-per-stream; at least 8, at most --max-requests); one
+warm-up round per path and level is not counted.
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
@@ -167,11 +167,18 @@ def build_prompts(tokenizer_dir: str | Path, count: int = 16) -> list[Prompt]:
 # Requests per level: four per stream, at least 8 and at most this many. At 256 streams the cap makes a level two
 # waves of requests lasting a few seconds on an H100, which is most of the spread of its ratios between leases
 # (docs/performance-gpu.md); --max-requests 1024 gives it four waves, like the other levels, at twice the time.
+# With 64 tokens every level lasts about a second on the H100 (a few waves): --requests-per-stream lengthens them.
 DEFAULT_MAX_REQUESTS = 512
+DEFAULT_REQUESTS_PER_STREAM = 4
 
 
-def requests_for(concurrency: int, quick: bool, max_requests: int = DEFAULT_MAX_REQUESTS) -> int:
-    return max(8, min(max_requests, 4 * concurrency)) // (4 if quick else 1)
+def requests_for(
+    concurrency: int,
+    quick: bool,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    per_stream: int = DEFAULT_REQUESTS_PER_STREAM,
+) -> int:
+    return max(8, min(max_requests, per_stream * concurrency)) // (4 if quick else 1)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -947,11 +954,10 @@ def plot(rows: list[dict[str, Any]], target: Path) -> None:
 
 
 def levels_for(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [
-        {"concurrency": c, "max_tokens": m, "requests": requests_for(c, args.quick, args.max_requests)}
-        for m in args.max_tokens
-        for c in args.levels
-    ]
+    def requests(concurrency: int) -> int:
+        return requests_for(concurrency, args.quick, args.max_requests, args.requests_per_stream)
+
+    return [{"concurrency": c, "max_tokens": m, "requests": requests(c)} for m in args.max_tokens for c in args.levels]
 
 
 def profiled_level(levels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1076,7 +1082,14 @@ def main(argv: list[str] | None = None) -> int:
         "--max-requests",
         type=int,
         default=DEFAULT_MAX_REQUESTS,
-        help="requests per level are 4 x concurrency, at least 8 and at most this many (before --quick)",
+        help="requests per level are --requests-per-stream x concurrency, at least 8 and at most this many (before"
+        " --quick)",
+    )
+    parser.add_argument(
+        "--requests-per-stream",
+        type=int,
+        default=DEFAULT_REQUESTS_PER_STREAM,
+        help="each stream's requests per level (waves of requests: more make a level longer and its ratio steadier)",
     )
     parser.add_argument(
         "--client-processes",

@@ -232,6 +232,7 @@ def test_requests_per_level_are_four_per_stream_within_the_bounds():
     assert requests_for(256, quick=False, max_requests=1024) == 1024  # four waves at 256 streams
     assert requests_for(256, quick=True, max_requests=1024) == 256
     assert requests_for(1, quick=False, max_requests=4) == 8  # never below 8
+    assert requests_for(64, quick=False, max_requests=4096, per_stream=16) == 1024  # longer levels
 
 
 def test_a_level_spreads_over_client_processes_evenly_and_completely():
