@@ -23,6 +23,7 @@ from core.gc_heap import GcPauses
 from core.step_stats import EngineSteps
 
 ENVIRONMENT_KEY = "TRITON_VLLM_CORE_STATS_SECONDS"
+LOG_MARK = "vllm_core stats: "  # what starts the counters' log line (tools/bench.py keeps these lines per level)
 
 
 class CoreStats:
@@ -112,7 +113,7 @@ class CoreStats:
             if snap["sends"] or snap["requests"]:
                 rate = {key: value / self._interval for key, value in snap.items() if key in ("sends", "requests")}
                 self._logger.log_info(
-                    f"vllm_core stats: {rate['requests']:.0f} requests/s in {snap['executes']} execute calls,"
+                    f"{LOG_MARK}{rate['requests']:.0f} requests/s in {snap['executes']} execute calls,"
                     f" {rate['sends']:.0f} responses/s, send {snap['send_mean_ms']:.2f} ms mean"
                     f" {snap['send_p99_ms']:.2f} ms p99; first responses ({snap['firsts']}), p50:"
                     f" engine {snap['first_engine_p50_ms']:.2f} ms, queued {snap['first_queued_p50_ms']:.2f} ms,"

@@ -76,6 +76,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
+from core.core_stats import LOG_MARK as CORE_STATS_MARK  # noqa: E402
 from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
 from core.engine_start_method import DEFAULTS as ENGINE_ENV_DEFAULTS  # noqa: E402
 from core.gc_heap import freeze_startup_heap  # noqa: E402
@@ -136,6 +137,9 @@ class LevelResult:
     triton_stats: dict[str, dict[str, float]] | None = None
     # --profile: the engine's own steps over the level (core/step_stats.py): its batch, steps per second
     engine_steps: dict[str, Any] | None = None
+    # --profile: the core's own counter lines logged over the level (core/core_stats.py: its intake, sends, and where
+    # each first response waited), as logged
+    core_stats: list[str] | None = None
     # "command.repetition" of the results file: runs of the same round were measured in one command's same
     # repetition, so their ratio is paired (with --interleave, seconds apart)
     round_id: str = ""
@@ -234,6 +238,7 @@ class ServerWatch:
         self.process_cpu: dict[str, float] | None = None
         self.triton_stats: dict[str, dict[str, float]] | None = None
         self.engine_steps: dict[str, Any] | None = None
+        self.core_stats: list[str] | None = None
 
     def start(self) -> None:
         self._cpu = group_processes(self.pgid)
@@ -256,9 +261,20 @@ class ServerWatch:
             lines = self.triton.log_text()[self._log_offset :].splitlines()
             steps = combine([snap for line in lines if (snap := parse_line(line)) is not None])
             self.engine_steps = None if steps is None else steps.as_dict()
+            self.core_stats = [core_stats_line(line) for line in lines if CORE_STATS_MARK in line]
 
     def report(self) -> dict[str, Any]:
-        return {"process_cpu": self.process_cpu, "triton_stats": self.triton_stats, "engine_steps": self.engine_steps}
+        return {
+            "process_cpu": self.process_cpu,
+            "triton_stats": self.triton_stats,
+            "engine_steps": self.engine_steps,
+            "core_stats": self.core_stats,
+        }
+
+
+def core_stats_line(log_line: str) -> str:
+    """The core's counter line (core/core_stats.py) out of a Triton log line (its prefix and quotes dropped)."""
+    return log_line[log_line.index(CORE_STATS_MARK) :].rstrip().rstrip('"')
 
 
 class EngineWatch:

@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
-from tools.bench import bench_repository, build_prompts  # noqa: E402
+from tools.bench import CORE_STATS_MARK, bench_repository, build_prompts, core_stats_line  # noqa: E402
 from tools.bench_clients import ClientSpec, open_client, open_runner, run_level  # noqa: E402
 from tools.triton_server import start_on_free_ports  # noqa: E402
 
@@ -136,7 +136,7 @@ async def measure(args: argparse.Namespace) -> None:
         time.sleep(CORE_STATS_SECONDS + 0.5)  # the core logs each interval's counters at its end
         text = server.log_text()
         lines = text[offset:].splitlines()
-        found = [line[line.index("vllm_core stats") :].rstrip('"') for line in lines if "vllm_core stats" in line]
+        found = [core_stats_line(line) for line in lines if CORE_STATS_MARK in line]
         return found, len(text)
 
     try:

@@ -28,6 +28,11 @@ def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_
     for steps in (bare, served):
         assert 0 < steps["prefill_steps"] < steps["detailed_steps"] <= steps["steps"]
         assert steps["decode_steps_per_second"] > 0 and steps["decode_wait_ms"] >= 0
+    # The core's own counters over the level, as logged: its intake and where the first responses waited
+    assert runs["bare"]["core_stats"] is None
+    core_lines = runs["plain-grpc"]["core_stats"]
+    assert core_lines, "no counter line of the core's over the level"
+    assert all(line.startswith("vllm_core stats: ") and "first responses" in line for line in core_lines)
     # and vLLM's line per iteration is kept out of the logs
     assert "Iteration(" not in (tmp_path / "triton.log").read_text()
     assert "Iteration(" not in (tmp_path / "bare.log").read_text()
