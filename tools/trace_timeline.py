@@ -38,9 +38,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
-from tools.bench import CORE_STATS_MARK, bench_repository, build_prompts, core_stats_line  # noqa: E402
+from tools.bench import CORE_STATS_MARK, BenchSetup, bench_repository, build_prompts, core_stats_line, percentile  # noqa: E402
 from tools.bench_clients import ClientSpec, open_client, open_runner, run_level  # noqa: E402
-from tools.triton_server import start_on_free_ports  # noqa: E402
+from tools.triton_server import TritonServer, start_on_free_ports  # noqa: E402
 
 TRACE_OFF = ["--trace-config=level=OFF", "--trace-config=rate=1", "--trace-config=count=-1"]
 CORE_STATS_SECONDS = 1.0
@@ -106,30 +106,35 @@ def event_offsets(traces: dict[int, dict[str, Any]], ensemble: str) -> tuple[int
     return count, offsets
 
 
-def load_table(offsets: dict[str, list[float]]) -> list[tuple[str, float, float, float, float]]:
+def loaded_level_table(offsets: dict[str, list[float]]) -> list[tuple[str, float, float, float, float]]:
     """(event, mean, p50, p90, mean gap from the event before it), in the order of the mean offsets."""
     rows, previous = [], 0.0
     for key, values in sorted(offsets.items(), key=lambda item: statistics.fmean(item[1])):
-        ordered = sorted(values)
         mean = statistics.fmean(values)
-        rows.append((key, mean, statistics.median(values), ordered[int(0.9 * (len(ordered) - 1))], mean - previous))
+        rows.append((key, mean, percentile(values, 50), percentile(values, 90), mean - previous))
         previous = mean
     return rows
 
 
-async def measure(args: argparse.Namespace) -> None:
+def start_traced_server(args: argparse.Namespace) -> tuple[BenchSetup, TritonServer, Path]:
+    """The deployment rendered as the bench does, and tritonserver started with tracing off (turned on per phase)
+    and the core's counters on: the set-up, the server and its trace file."""
     args.out.mkdir(parents=True, exist_ok=True)
     setup = bench_repository(args.out, args.deployment, {})
-    prompts = build_prompts(setup.tokenizer)
     trace_file = args.out / "trace.json"
     trace_file.unlink(missing_ok=True)
-    log_file = args.out / "triton.log"
     server = start_on_free_ports(
         setup.repo,
-        log_file,
+        args.out / "triton.log",
         extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF],
         environment={CORE_STATS_KEY: str(CORE_STATS_SECONDS)},
     )
+    return setup, server, trace_file
+
+
+async def measure(args: argparse.Namespace) -> None:
+    setup, server, trace_file = start_traced_server(args)
+    prompts = build_prompts(setup.tokenizer)
     core_lines: dict[str, list[str]] = {}
 
     def core_stats_since(offset: int) -> tuple[list[str], int]:
@@ -173,18 +178,8 @@ async def measure(args: argparse.Namespace) -> None:
 
 async def measure_loaded(args: argparse.Namespace) -> None:
     """Every request of a loaded level traced (see the module's docstring)."""
-    args.out.mkdir(parents=True, exist_ok=True)
-    setup = bench_repository(args.out, args.deployment, {})
+    setup, server, trace_file = start_traced_server(args)
     prompts = build_prompts(setup.tokenizer)
-    log_file = args.out / "triton.log"
-    trace_file = args.out / "trace.json"
-    trace_file.unlink(missing_ok=True)
-    server = start_on_free_ports(
-        setup.repo,
-        log_file,
-        extra_args=[f"--trace-config=triton,file={trace_file}", *TRACE_OFF],
-        environment={CORE_STATS_KEY: str(CORE_STATS_SECONDS)},
-    )
     cycles: dict[str, float] = {}
     try:
         for ensemble, kind in ((setup.plain, "grpc-infer"), (setup.streaming, "grpc-stream")):
@@ -211,15 +206,17 @@ async def measure_loaded(args: argparse.Namespace) -> None:
         count, offsets = event_offsets(traces, ensemble)
         print(f"\n{ensemble}: {count} requests traced; ms after the ensemble's REQUEST_START")
         print(f"  {'mean':>8} {'p50':>8} {'p90':>8} {'gap':>8}  event")
-        for key, mean, p50, p90, gap in load_table(offsets):
+        for key, mean, p50, p90, gap in loaded_level_table(offsets):
             print(f"  {mean:8.2f} {p50:8.2f} {p90:8.2f} {gap:8.2f}  {key}")
         inside = statistics.fmean(offsets.get(f"{ensemble} REQUEST_END", [0.0]))
         outside = cycles[ensemble] - inside
         print(f"  outside the server (client, gRPC): {outside:.1f} ms of a {cycles[ensemble]:.1f} ms cycle")
     print("\nthe core's counters (one line per second):")
     for line in server.log_text().splitlines():
-        if "vllm_core stats" in line or "vllm_core engine" in line:
-            print(f"  {line[line.index('vllm_core') :].rstrip(chr(34))}")
+        if CORE_STATS_MARK in line:
+            print(f"  {core_stats_line(line)}")
+        elif "vllm_core engine steps" in line:
+            print(f"  {line[line.index('vllm_core') :].rstrip().rstrip(chr(34))}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.trace_timeline import event_offsets, load_table, load_trace, timeline
+from tools.trace_timeline import event_offsets, load_trace, loaded_level_table, timeline
 
 
 def _records(request: int, origin_ns: int) -> list[dict]:
@@ -39,7 +39,7 @@ def test_a_loaded_levels_table_orders_events_by_their_mean_with_the_mean_gap_fro
     trace.write_text(json.dumps(records))
     count, offsets = event_offsets(load_trace(trace), "ens")
     assert count == 3
-    table = load_table(offsets)
+    table = loaded_level_table(offsets)
     assert [row[0] for row in table] == ["ens REQUEST_START", "preprocess COMPUTE_START", "postprocess REQUEST_START"]
     event, mean, p50, p90, gap = table[2]  # the first postprocess: 6, 7 and 8 ms after the start
-    assert (mean, p50, p90, gap) == (7.0, 7.0, 7.0, 6.0)
+    assert (mean, p50, p90, gap) == (7.0, 7.0, 8.0, 6.0)
