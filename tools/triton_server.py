@@ -330,10 +330,11 @@ class TritonServer:
 
         Triton 2.51 never releases a streaming-ensemble request whose client cancelled while the core still
         generated (README, Reliability): its shutdown then waits the whole exit timeout for requests that
-        cannot end, and exits 1 ("Exit timeout expired"). When the shutdown log names only ensembles as having
-        in-flight inferences twice in a row (a live ensemble request always has a composing one in flight),
-        the server is killed at once instead: Triton would exit the same way, only later. The counts are kept
-        in `leaked_inflight`.
+        cannot end, and exits 1 ("Exit timeout expired"). When LEAK_REPORTS of Triton's once-a-second shutdown
+        reports in a row name only ensembles, with the same counts, the server is killed at once instead: Triton
+        would exit the same way, only later. Fewer reports are not enough: a cancelled plain-ensemble request can
+        stay in its ensemble's count for seconds after its last composing step, with no composing model in
+        flight (measured on 2.51: up to 4 reports), and then end. The counts are kept in `leaked_inflight`.
         """
         if self.process is None:
             return None
@@ -361,16 +362,17 @@ class TritonServer:
 
     _INFLIGHT = re.compile(r"Model '([^']+)' \(version \d+\) has (\d+) in-flight inferences")
     _INFLIGHT_ROUND = "model versions that have in-flight inferences"
+    LEAK_REPORTS = 6  # lingering cancelled plain-ensemble requests were seen for up to 4 reports
 
     def _only_ensembles_in_flight(self) -> dict[str, int]:
-        """{ensemble: count} when the last two of Triton's once-a-second shutdown reports name only ensembles."""
+        """{ensemble: count} when the last LEAK_REPORTS of Triton's shutdown reports name only ensembles, alike."""
         rounds = self.log_text().split(self._INFLIGHT_ROUND)[1:]  # each report: its header, then one line per model
-        if len(rounds) < 3:  # the last report may still be being written
+        if len(rounds) <= self.LEAK_REPORTS:  # the last report may still be being written
             return {}
-        reports = [dict((m, int(n)) for m, n in self._INFLIGHT.findall(r)) for r in rounds[-3:-1]]
+        reports = [dict((m, int(n)) for m, n in self._INFLIGHT.findall(r)) for r in rounds[-self.LEAK_REPORTS - 1 : -1]]
         ensembles = self.ensemble_models()
-        if all(report and set(report) <= ensembles for report in reports) and reports[0] == reports[1]:
-            return reports[1]
+        if all(report and set(report) <= ensembles and report == reports[0] for report in reports):
+            return reports[0]
         return {}
 
     def ensemble_models(self) -> set[str]:
