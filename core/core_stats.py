@@ -5,9 +5,10 @@ taken in (and in how many `execute` calls), responses sent and the mean and p99 
 request's first response where its time went inside the core: from `execute` to vLLM's first output ("engine"),
 from there until a sender thread started sending it ("queued"), and the send itself. A send is a round trip to
 tritonserver with the GIL released, so its time also shows how long a sender thread waited to get the GIL back.
-And the engine's own steps (core/step_stats.py: its batch, steps per second), for which the core turns vLLM's
-statistics on, and the garbage collector's runs in the core's process (core/gc_heap.py). `tools/bench.py --profile`
-and `tools/trace_timeline.py` turn it on. Triton-free (the logger is any object with `log_info`).
+And the engine's own steps (core/step_stats.py: its batch, steps per second) and the trips to and from the
+EngineCore by its clock (core/engine_lags.py), for which the core turns vLLM's statistics on, and the garbage
+collector's runs in the core's process (core/gc_heap.py). `tools/bench.py --profile` and
+`tools/trace_timeline.py` turn it on. Triton-free (the logger is any object with `log_info`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+from core.engine_lags import EngineLags
 from core.gc_heap import GcPauses
 from core.step_stats import EngineSteps
 
@@ -27,10 +29,13 @@ LOG_MARK = "vllm_core stats: "  # what starts the counters' log line (tools/benc
 
 
 class CoreStats:
-    def __init__(self, logger: Any, interval: float, steps: EngineSteps | None = None) -> None:
+    def __init__(
+        self, logger: Any, interval: float, steps: EngineSteps | None = None, lags: EngineLags | None = None
+    ) -> None:
         self._logger = logger
         self._interval = interval
         self._steps = steps
+        self._lags = lags
         self._gc = GcPauses()
         self._lock = threading.Lock()
         # request -> [admitted, first output from vLLM or None], until its first response is sent
@@ -45,9 +50,11 @@ class CoreStats:
         return float(os.environ.get(ENVIRONMENT_KEY, "0") or 0)
 
     @classmethod
-    def from_environment(cls, logger: Any, steps: EngineSteps | None = None) -> CoreStats | None:
+    def from_environment(
+        cls, logger: Any, steps: EngineSteps | None = None, lags: EngineLags | None = None
+    ) -> CoreStats | None:
         seconds = cls.seconds_from_environment()
-        return cls(logger, seconds, steps) if seconds > 0 else None
+        return cls(logger, seconds, steps, lags) if seconds > 0 else None
 
     def _reset(self) -> None:
         self._executes = 0
@@ -106,6 +113,8 @@ class CoreStats:
         while not self._stopping.wait(self._interval):
             if self._steps is not None and (steps := self._steps.snapshot()).steps:
                 self._logger.log_info(f"vllm_core {steps.describe()}")
+            if self._lags is not None and ((lags := self._lags.snapshot()).requests or lags.outputs):
+                self._logger.log_info(f"vllm_core {lags.describe()}")
             snap = self.snapshot()
             collected = self._gc.snapshot()
             if snap["sends"] or snap["requests"] or collected.full_collections:

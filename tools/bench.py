@@ -75,9 +75,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from core import engine_lags  # noqa: E402
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
 from core.core_stats import LOG_MARK as CORE_STATS_MARK  # noqa: E402
 from core.cpu_placement import EnginePlacement, pin_process  # noqa: E402
+from core.engine_lags import EngineLags  # noqa: E402
 from core.engine_start_method import DEFAULTS as ENGINE_ENV_DEFAULTS  # noqa: E402
 from core.gc_heap import freeze_startup_heap  # noqa: E402
 from core.metrics import profiled_engine_args, stat_logger_factory  # noqa: E402
@@ -137,6 +139,8 @@ class LevelResult:
     triton_stats: dict[str, dict[str, float]] | None = None
     # --profile: the engine's own steps over the level (core/step_stats.py): its batch, steps per second
     engine_steps: dict[str, Any] | None = None
+    # --profile: the trips to and from the EngineCore by its clock (core/engine_lags.py), mean ms
+    engine_lags: dict[str, Any] | None = None
     # --profile: the core's own counter lines logged over the level (core/core_stats.py: its intake, sends, and where
     # each first response waited), as logged
     core_stats: list[str] | None = None
@@ -238,6 +242,7 @@ class ServerWatch:
         self.process_cpu: dict[str, float] | None = None
         self.triton_stats: dict[str, dict[str, float]] | None = None
         self.engine_steps: dict[str, Any] | None = None
+        self.engine_lags: dict[str, Any] | None = None
         self.core_stats: list[str] | None = None
 
     def start(self) -> None:
@@ -261,6 +266,8 @@ class ServerWatch:
             lines = self.triton.log_text()[self._log_offset :].splitlines()
             steps = combine([snap for line in lines if (snap := parse_line(line)) is not None])
             self.engine_steps = None if steps is None else steps.as_dict()
+            lags = engine_lags.combine([snap for line in lines if (snap := engine_lags.parse_line(line)) is not None])
+            self.engine_lags = None if lags is None else lags.as_dict()
             self.core_stats = [core_stats_line(line) for line in lines if CORE_STATS_MARK in line]
 
     def report(self) -> dict[str, Any]:
@@ -268,6 +275,7 @@ class ServerWatch:
             "process_cpu": self.process_cpu,
             "triton_stats": self.triton_stats,
             "engine_steps": self.engine_steps,
+            "engine_lags": self.engine_lags,
             "core_stats": self.core_stats,
         }
 
@@ -280,18 +288,21 @@ def core_stats_line(log_line: str) -> str:
 class EngineWatch:
     """The bare engine's steps over a level (--profile), from its own stat logger."""
 
-    def __init__(self, steps: EngineSteps) -> None:
-        self.steps = steps
+    def __init__(self, steps: EngineSteps, lags: EngineLags) -> None:
+        self.steps, self.lags = steps, lags
         self.engine_steps: dict[str, Any] | None = None
+        self.engine_lags: dict[str, Any] | None = None
 
     def start(self) -> None:
         self.steps.snapshot()  # starts the level's count
+        self.lags.snapshot()
 
     def stop(self) -> None:
         self.engine_steps = self.steps.snapshot().as_dict()
+        self.engine_lags = self.lags.snapshot().as_dict()
 
     def report(self) -> dict[str, Any]:
-        return {"engine_steps": self.engine_steps}
+        return {"engine_steps": self.engine_steps, "engine_lags": self.engine_lags}
 
 
 def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subprocess.Popen]:
@@ -391,9 +402,9 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
     from core.engine import prepare_process_environment
 
     prepare_process_environment()
-    engine_args, stat_loggers, steps = spec["engine_args"], None, None
-    if spec.get("profile"):  # the engine's steps per level, as the core counts them under --profile
-        steps = EngineSteps()
+    engine_args, stat_loggers, steps, lags = spec["engine_args"], None, None, None
+    if spec.get("profile"):  # the engine's steps and lags per level, as the core counts them under --profile
+        steps, lags = EngineSteps(), EngineLags()
         engine_args, stat_loggers = profiled_engine_args(engine_args), [stat_logger_factory(steps)]
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers)
     if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
@@ -407,9 +418,11 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
 
         async def send(prompt: Prompt, max_tokens: int) -> Sample:
             params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
-            start = time.perf_counter()
+            start, submitted = time.perf_counter(), time.monotonic()
             ttft = None
-            async for _ in llm.generate({"prompt_token_ids": prompt.ids}, params, f"bare-{next(counter)}"):
+            async for output in llm.generate({"prompt_token_ids": prompt.ids}, params, f"bare-{next(counter)}"):
+                if lags is not None:
+                    lags.output(output.metrics, submitted, ttft is None)
                 if ttft is None:
                     ttft = time.perf_counter() - start
             return Sample(time.perf_counter() - start, ttft if stream else None, max_tokens)
@@ -424,7 +437,7 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
         answers.flush()
         while line := await loop.run_in_executor(None, commands.readline):
             command = json.loads(line)
-            watch = None if steps is None else EngineWatch(steps)
+            watch = None if steps is None or lags is None else EngineWatch(steps, lags)
             measured = await measure(runners[command["path"]], prompts, command["level"], os.getpgid(0), None, watch)
             answers.write(json.dumps(measured) + "\n")
             answers.flush()
@@ -779,6 +792,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "client_cores": statistics.median(client) if client else None,
                 "engine_running_mean": statistics.median(x["running_mean"] for x in steps) if steps else None,
                 "engine_steps_per_s": statistics.median(x["steps_per_second"] for x in steps) if steps else None,
+                **engine_lag_columns([r.engine_lags for r in reps if r.engine_lags]),
                 **engine_detail_columns(detailed),
             }
         )
@@ -809,6 +823,16 @@ def engine_detail_columns(steps: list[dict[str, Any]]) -> dict[str, float | None
         "engine_prefill_share": median(lambda x: x["prefill_steps"] / x["detailed_steps"]),
         "engine_decode_steps_per_s": median(lambda x: x["decode_steps_per_second"]),
         "engine_decode_wait_ms": median(lambda x: x["decode_wait_ms"]),
+    }
+
+
+def engine_lag_columns(lags: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians over the repetitions of the mean trips to and from the EngineCore (core/engine_lags.py)."""
+    intake = [x["intake_ms"] for x in lags if x["requests"]]
+    back = [x["return_ms"] for x in lags if x["outputs"]]
+    return {
+        "engine_intake_ms": statistics.median(intake) if intake else None,
+        "engine_return_ms": statistics.median(back) if back else None,
     }
 
 
@@ -849,7 +873,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print("\nthe engine's steps over each level (--profile; median of the repetitions):")
         print(
             f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}"
-            f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}"
+            f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}{'intake':>8}{'return':>8}"
         )
         by_key = {(row["path"], row["max_tokens"], row["concurrency"]): row for row in engine_rows}
         for row in engine_rows:
@@ -863,11 +887,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{row['engine_running_mean']:>9.1f}{row['engine_steps_per_s']:>9.1f}{_fmt(ratio, '.2f'):>7}"
                 f"{_fmt(row.get('engine_prefill_share'), '.2f'):>9}{_fmt(decode_rate, '.1f'):>9}"
                 f"{_fmt(decode_ratio, '.2f'):>7}{_fmt(wait, '.2f'):>9}{_fmt(cpu, '.2f'):>8}"
+                f"{_fmt(row.get('engine_intake_ms'), '.1f'):>8}{_fmt(row.get('engine_return_ms'), '.1f'):>8}"
             )
         print(
             "running: requests in the engine's batch per step; ratio: steps/s to the baseline's; prefill: the share of"
             " steps that computed prompt tokens; decode/s: decode-only steps per second (ratio to the baseline's);"
-            " wait ms: the EngineCore's wait for the model's result per decode step; cpu ms: the rest of a decode step"
+            " wait ms: the EngineCore's wait for the model's result per decode step; cpu ms: the rest of a decode step;"
+            " intake: ms from handing a request to vLLM (the core's execute, the bare client's call) until the"
+            " EngineCore queued it; return: ms from the end of the step that made an output until its consumer had it"
+            " (means, by the EngineCore's clock)"
         )
 
 

@@ -33,6 +33,7 @@ from core.core_stats import CoreStats
 from core.cpu_placement import EnginePlacement
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
+from core.engine_lags import EngineLags
 from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
 from core.metrics import StatsSink, profiled_engine_args, stat_logger_factory
@@ -69,6 +70,7 @@ class CoreModel:
         engine_args = load_engine_args(model_dir / ENGINE_ARGS_FILE)
         # The opt-in counters (core/core_stats.py) include the engine's steps, which need vLLM's statistics.
         steps = EngineSteps() if CoreStats.seconds_from_environment() > 0 else None
+        lags = EngineLags() if steps is not None else None
         if steps is not None:
             sinks.append(steps)
             engine_args = profiled_engine_args(engine_args)
@@ -80,6 +82,7 @@ class CoreModel:
             # Triton 2.51's Python backend cannot mark the model not ready: the engine restarts itself instead.
             restart=settings.health,
             on_start=None if placement is None else lambda: self._place(placement),
+            lags=lags,
         )
         self.engine.start()
         if self._metrics is not None:
@@ -94,7 +97,7 @@ class CoreModel:
             # the switch interval while the engine loop computes. Set after the engine started: a forked
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
             sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
-        self.stats = CoreStats.from_environment(self.logger, steps)
+        self.stats = CoreStats.from_environment(self.logger, steps, lags)
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
             queue.SimpleQueue() for _ in range(settings.core.sender_threads)
         ]

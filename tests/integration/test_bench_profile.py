@@ -1,5 +1,6 @@
 """tools/bench.py --profile on the real engine and server: the bare engine and the core both report the engine's
-steps over each level (core/step_stats.py), so a served path's batch can be put beside the bare engine's."""
+steps over each level (core/step_stats.py) and the trips to and from the EngineCore (core/engine_lags.py), so a
+served path's batch and front end can be put beside the bare engine's."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_
     for steps in (bare, served):
         assert 0 < steps["prefill_steps"] < steps["detailed_steps"] <= steps["steps"]
         assert steps["decode_steps_per_second"] > 0 and steps["decode_wait_ms"] >= 0
+    # The trips to and from the EngineCore, by its clock: plain requests have one (final) output each
+    bare_lags, served_lags = runs["bare"]["engine_lags"], runs["plain-grpc"]["engine_lags"]
+    assert bare_lags["requests"] == bare_lags["outputs"] == runs["bare"]["requests"]
+    assert (
+        served_lags["requests"] >= runs["plain-grpc"]["requests"] and served_lags["outputs"] >= served_lags["requests"]
+    )
+    for lags in (bare_lags, served_lags):
+        assert 0 < lags["intake_ms"] < 10_000 and 0 < lags["return_ms"] < 10_000, lags
     # The core's own counters over the level, as logged: its intake and where the first responses waited
     assert runs["bare"]["core_stats"] is None
     core_lines = runs["plain-grpc"]["core_stats"]

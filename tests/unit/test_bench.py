@@ -61,7 +61,7 @@ def test_engine_steps_are_summarized_per_level_and_held_against_the_baselines(ca
     engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
     lines = {line.split()[0]: line.split() for line in engine_table.splitlines()[2:5] if line.strip()}
     # without vLLM's iteration details, the detail columns stay empty
-    assert lines["plain-grpc"][3:] == ["57.0", "190.0", f"{190 / 220:.2f}", "-", "-", "-", "-", "-"]
+    assert lines["plain-grpc"][3:] == ["57.0", "190.0", f"{190 / 220:.2f}", "-", "-", "-", "-", "-", "-", "-"]
     assert lines["bare"][5] == "1.00" and "stream-grpc" not in lines
 
 
@@ -74,14 +74,21 @@ def test_iteration_details_split_decode_steps_from_prefill_steps_in_the_engine_t
 
     bare, ours = _run("bare", 200), _run("plain-grpc", 180)
     bare.engine_steps, ours.engine_steps = steps(220, 4, 230, 1.0), steps(190, 20, 200, 0.5)
-    rows = {row["path"]: row for row in summarize([bare, ours])}
+    # the trips to and from the EngineCore; a repetition that counted no request leaves intake out
+    ours.engine_lags = {"requests": 8, "intake_ms": 12.5, "outputs": 8, "return_ms": 30.25}
+    second = _run("plain-grpc", 180, rep=1)
+    second.engine_steps = ours.engine_steps
+    second.engine_lags = {"requests": 0, "intake_ms": 0.0, "outputs": 4, "return_ms": 10.25}
+    rows = {row["path"]: row for row in summarize([bare, ours, second])}
     assert rows["plain-grpc"]["engine_prefill_share"] == pytest.approx(0.2)
+    assert (rows["plain-grpc"]["engine_intake_ms"], rows["plain-grpc"]["engine_return_ms"]) == (12.5, 20.25)
     assert (rows["plain-grpc"]["engine_decode_steps_per_s"], rows["plain-grpc"]["engine_decode_wait_ms"]) == (200, 0.5)
     print_table(list(rows.values()))
     engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
     line = next(line.split() for line in engine_table.splitlines() if line.startswith("plain-grpc"))
-    # prefill share, decode steps/s and its ratio to bare's, the wait, and the rest of a decode step (1000/200 - 0.5)
-    assert line[6:] == ["0.20", "200.0", f"{200 / 230:.2f}", "0.50", "4.50"]
+    # prefill share, decode steps/s and its ratio to bare's, the wait, the rest of a decode step (1000/200 - 0.5),
+    # and the mean trips to and from the EngineCore (median of the repetitions)
+    assert line[6:] == ["0.20", "200.0", f"{200 / 230:.2f}", "0.50", "4.50", "12.5", "20.2"]
 
 
 def test_targets_say_met_or_not_per_level_and_judge_ttft():

@@ -1,0 +1,113 @@
+"""How long requests and outputs take between the code that drives vLLM and vLLM's EngineCore, by the engine's clock.
+
+vLLM's per-request statistics (`RequestOutput.metrics`, only with `disable_log_stats: false`) carry the
+EngineCore's own timestamps: when it queued the request (`queued_ts`) and when the step that made the output's
+last token ended (`last_token_ts`). Both are `time.monotonic()` in the EngineCore's process; on Linux that clock is
+the system's, so they compare with the consumer's own. `EngineLags` adds up, between snapshots:
+
+- intake: from the moment the request was handed over (the core's `execute`, the bare client's call) until the
+  EngineCore queued it: the front end's input handling and the trip to the EngineCore;
+- return: from the end of the step that made an output until its consumer has it: the trip back, vLLM's output
+  handling for the whole step, and the wait for the consumer's coroutine to run.
+
+Side by side with the bare engine they say how much of a served request's time outside the engine is the front
+end's own (the core's one interpreter runs it with everything else). `tools/bench.py --profile` turns them on for
+the bare engine and the core alike. Triton-free and vLLM-free (the statistics are read by attribute).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LagSnapshot:
+    requests: int  # requests whose intake was measured (their first output)
+    intake_ms: float  # mean
+    outputs: int
+    return_ms: float  # mean
+
+    def describe(self) -> str:
+        """One log line; `parse_line` reads it back."""
+        return (
+            f"engine lags: intake {self.intake_ms:.2f} ms mean over {self.requests} requests,"
+            f" return {self.return_ms:.2f} ms mean over {self.outputs} outputs"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_LINE = re.compile(
+    r"engine lags: intake (?P<intake_ms>-?[\d.]+) ms mean over (?P<requests>\d+) requests,"
+    r" return (?P<return_ms>-?[\d.]+) ms mean over (?P<outputs>\d+) outputs"
+)
+
+
+def parse_line(line: str) -> LagSnapshot | None:
+    match = _LINE.search(line)
+    if match is None:
+        return None
+    fields = match.groupdict()
+    return LagSnapshot(
+        requests=int(fields["requests"]),
+        intake_ms=float(fields["intake_ms"]),
+        outputs=int(fields["outputs"]),
+        return_ms=float(fields["return_ms"]),
+    )
+
+
+def combine(snapshots: list[LagSnapshot]) -> LagSnapshot | None:
+    """Several intervals as one (means weighted by their counts); None when none counted anything."""
+    requests = sum(snap.requests for snap in snapshots)
+    outputs = sum(snap.outputs for snap in snapshots)
+    if not requests and not outputs:
+        return None
+    return LagSnapshot(
+        requests=requests,
+        intake_ms=_mean(sum(snap.intake_ms * snap.requests for snap in snapshots), requests),
+        outputs=outputs,
+        return_ms=_mean(sum(snap.return_ms * snap.outputs for snap in snapshots), outputs),
+    )
+
+
+def _mean(total: float, count: int) -> float:
+    return total / count if count else 0.0
+
+
+class EngineLags:
+    """Thread-safe; `output` is called by whoever consumes vLLM's outputs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals = [0, 0.0, 0, 0.0]  # requests, intake seconds, outputs, return seconds
+
+    def output(self, metrics: Any, submitted: float, first: bool) -> None:
+        """An output of a request handed to the engine at `submitted` (time.monotonic()) has just arrived."""
+        if metrics is None:  # vLLM's statistics are off
+            return
+        now = time.monotonic()
+        last_token = getattr(metrics, "last_token_ts", 0.0) or 0.0
+        queued = getattr(metrics, "queued_ts", 0.0) or 0.0
+        with self._lock:
+            if last_token > 0:
+                self._totals[2] += 1
+                self._totals[3] += now - last_token
+            if first and queued > 0:
+                self._totals[0] += 1
+                self._totals[1] += queued - submitted
+
+    def snapshot(self) -> LagSnapshot:
+        """The figures since the last snapshot (and start again)."""
+        with self._lock:
+            (requests, intake, outputs, back), self._totals = self._totals, [0, 0.0, 0, 0.0]
+        return LagSnapshot(
+            requests=requests,
+            intake_ms=1000 * _mean(intake, requests),
+            outputs=outputs,
+            return_ms=1000 * _mean(back, outputs),
+        )
