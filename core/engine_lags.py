@@ -79,12 +79,22 @@ def _mean(total: float, count: int) -> float:
     return total / count if count else 0.0
 
 
+@dataclass
+class _Totals:
+    """What EngineLags adds up between two snapshots (seconds)."""
+
+    requests: int = 0
+    intake: float = 0.0
+    outputs: int = 0
+    back: float = 0.0
+
+
 class EngineLags:
     """Thread-safe; `output` is called by whoever consumes vLLM's outputs."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._totals = [0, 0.0, 0, 0.0]  # requests, intake seconds, outputs, return seconds
+        self._totals = _Totals()
 
     def output(self, metrics: Any, submitted: float, first: bool) -> None:
         """An output of a request handed to the engine at `submitted` (time.monotonic()) has just arrived."""
@@ -94,20 +104,21 @@ class EngineLags:
         last_token = getattr(metrics, "last_token_ts", 0.0) or 0.0
         queued = getattr(metrics, "queued_ts", 0.0) or 0.0
         with self._lock:
+            totals = self._totals
             if last_token > 0:
-                self._totals[2] += 1
-                self._totals[3] += now - last_token
+                totals.outputs += 1
+                totals.back += now - last_token
             if first and queued > 0:
-                self._totals[0] += 1
-                self._totals[1] += queued - submitted
+                totals.requests += 1
+                totals.intake += queued - submitted
 
     def snapshot(self) -> LagSnapshot:
         """The figures since the last snapshot (and start again)."""
         with self._lock:
-            (requests, intake, outputs, back), self._totals = self._totals, [0, 0.0, 0, 0.0]
+            totals, self._totals = self._totals, _Totals()
         return LagSnapshot(
-            requests=requests,
-            intake_ms=1000 * _mean(intake, requests),
-            outputs=outputs,
-            return_ms=1000 * _mean(back, outputs),
+            requests=totals.requests,
+            intake_ms=1000 * _mean(totals.intake, totals.requests),
+            outputs=totals.outputs,
+            return_ms=1000 * _mean(totals.back, totals.outputs),
         )
