@@ -28,7 +28,7 @@ class RecordingEngine(Engine):
 
         return StandIn()
 
-    def _start_task(self, request_id: str, request: EngineRequest) -> None:
+    def _start_task(self, request_id: str, request: EngineRequest, submitted: float) -> None:
         self.taken.append(request_id)
 
 
