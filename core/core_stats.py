@@ -30,9 +30,16 @@ LOG_MARK = "vllm_core stats: "  # what starts the counters' log line (tools/benc
 
 class CoreStats:
     def __init__(
-        self, logger: Any, interval: float, steps: EngineSteps | None = None, lags: EngineLags | None = None
+        self,
+        logger: Any,
+        interval: float,
+        steps: EngineSteps | None = None,
+        lags: EngineLags | None = None,
+        source: str = "",
     ) -> None:
         self._logger = logger
+        # Which of several front ends (core/front_ends.py) logs, at the end of its lines; "" with one.
+        self._suffix = f" ({source})" if source else ""
         self._interval = interval
         self._steps = steps
         self._lags = lags
@@ -51,10 +58,10 @@ class CoreStats:
 
     @classmethod
     def from_environment(
-        cls, logger: Any, steps: EngineSteps | None = None, lags: EngineLags | None = None
+        cls, logger: Any, steps: EngineSteps | None = None, lags: EngineLags | None = None, source: str = ""
     ) -> CoreStats | None:
         seconds = cls.seconds_from_environment()
-        return cls(logger, seconds, steps, lags) if seconds > 0 else None
+        return cls(logger, seconds, steps, lags, source) if seconds > 0 else None
 
     def _reset(self) -> None:
         self._executes = 0
@@ -126,7 +133,7 @@ class CoreStats:
                     f" {rate['sends']:.0f} responses/s, send {snap['send_mean_ms']:.2f} ms mean"
                     f" {snap['send_p99_ms']:.2f} ms p99; first responses ({snap['firsts']}), p50:"
                     f" engine {snap['first_engine_p50_ms']:.2f} ms, queued {snap['first_queued_p50_ms']:.2f} ms,"
-                    f" send {snap['first_send_p50_ms']:.2f} ms"
+                    f" send {snap['first_send_p50_ms']:.2f} ms{self._suffix}"
                 )
 
     def stop(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.engine_lags import EngineLags
+from core.front_ends import FrontEnd, LaunchedEngine
 from core.gc_heap import freeze_startup_heap, unfreeze_heap
 from core.interface import InvalidInput, Unavailable, check_lora
 from core.protocol import EngineRequest, EngineResponse
@@ -109,12 +110,18 @@ class Engine:
         restart: RestartPolicy | None = None,
         on_start: Callable[[], None] | None = None,
         lags: EngineLags | None = None,
+        front_end: FrontEnd | None = None,
     ) -> None:
         prepare_process_environment()
+        # One of several front ends sharing one EngineCore (core/front_ends.py), or None: this process's own engine.
+        self._front_end = front_end
+        self._launched: LaunchedEngine | None = None  # the shared EngineCore, when this front end launched it
         self._lags = lags  # the trips to and from the EngineCore, by its clock (core/engine_lags.py), or None
         self._on_start = on_start  # called after each start of vLLM's engine (the first and every restart)
         self._stat_loggers = stat_loggers
         self._restart = restart or RestartPolicy()  # the deployment default: restart
+        if front_end is not None and self._restart.restart_engine:
+            raise ValueError("an engine shared by several front ends cannot be restarted: set restart_engine false")
         # Why new requests are refused while the engine is down (None while it runs); read from any thread.
         self._down_reason: str | None = None
         self._restarted_at: float | None = None  # when the current engine came up by a restart
@@ -177,18 +184,69 @@ class Engine:
             supervisor.cancel()
         if self._llm is None:
             return
-        if self._in_flight:
+        if self._in_flight and not self.errored:
             await self._llm.abort(list(self._in_flight))
         self._llm.shutdown()
+        self._end_shared_engine()
 
     def _new_llm(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        if self._front_end is not None:
+            llm = self._attach_front_end(self._front_end)
+        else:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
 
-        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
         if self._on_start is not None:
             self._on_start()
         return llm
+
+    def _attach_front_end(self, fe: FrontEnd) -> Any:
+        """Front end 0 launches the shared EngineCore and publishes its process ids; every front end then attaches
+        its own client and watches those processes (vLLM's client only notices the death of an engine it owns)."""
+        from core import front_ends
+
+        if fe.launches_engine:
+            front_ends.clear_published(fe)
+            try:
+                self._launched = front_ends.launch_engine(self._engine_args, fe, self._log_stats())
+            except BaseException as exc:
+                front_ends.publish_launch_failure(fe, exc)
+                raise
+            pids = self._launched.pids
+            front_ends.publish_engine_pids(fe, pids)
+        else:
+            from vllm import envs
+
+            pids = front_ends.read_engine_pids(fe, wait_seconds=float(envs.VLLM_ENGINE_READY_TIMEOUT_S))
+        try:
+            llm = front_ends.attach_client(self._engine_args, fe, self._stat_loggers, self._log_stats())
+        except BaseException:
+            self._end_shared_engine()
+            raise
+        front_ends.watch_engine(pids, lambda pid: self._shared_engine_died(llm, pid), self._closing)
+        log.info("%s: attached to the engine (EngineCore process %s)", fe.describe(), ", ".join(map(str, pids)))
+        return llm
+
+    def _log_stats(self) -> bool:
+        return not self._engine_args.get("disable_log_stats", False)
+
+    def _shared_engine_died(self, llm: Any, pid: int) -> None:
+        """What vLLM's own monitor does for the client that launched its engine: mark it dead and shut the client
+        down, which fails every request in flight with EngineDeadError (UNAVAILABLE) and refuses new ones."""
+        log.error("the shared vLLM engine died (EngineCore process %d ended); requests get UNAVAILABLE", pid)
+        with contextlib.suppress(Exception):
+            llm.engine_core.resources.engine_dead = True
+            llm.engine_core.shutdown()
+
+    def _end_shared_engine(self) -> None:
+        if self._launched is not None:
+            self._launched.shutdown()
+            self._launched = None
+            if self._front_end is not None:
+                from core.front_ends import clear_published
+
+                clear_published(self._front_end)
 
     # Restart after the engine died --------------------------------------------------------------------------
 

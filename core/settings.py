@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SETTINGS_FILE = "settings.json"
 
@@ -51,6 +51,10 @@ class CoreProcessSettings(Settings):
     # CPUs for vLLM's engine processes (the EngineCore, tensor-parallel workers); the server's other processes
     # are kept off them (core/cpu_placement.py). Empty: no placement. Linux only.
     engine_cpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    # The core's Triton instances, each a front end (vLLM's AsyncLLM client, in its own stub process) of one shared
+    # EngineCore, as `vllm serve --api-server-count` (core/front_ends.py): intake, output handling and sending
+    # spread over this many interpreters. 1: one process does all of it.
+    front_ends: int = Field(1, ge=1, le=16)
 
 
 class CoreSettings(Settings):
@@ -65,6 +69,24 @@ class CoreSettings(Settings):
     stream_interval_ms: int = Field(0, ge=0, le=1000)
     health: HealthSettings = Field(default_factory=HealthSettings)
     core: CoreProcessSettings = Field(default_factory=CoreProcessSettings)
+
+    @model_validator(mode="after")
+    def _shared_engine_limits(self) -> CoreSettings:
+        """What several front ends of one engine cannot do yet (core/front_ends.py says why)."""
+        if self.core.front_ends > 1:
+            if self.health.restart_engine:
+                raise ValueError(
+                    "core.front_ends > 1 shares one engine between processes, which cannot restart it: set"
+                    " health.restart_engine: false"
+                )
+            if self.metrics:
+                raise ValueError("core.front_ends > 1: metrics are not published with several front ends yet")
+            if self.engine_env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+                raise ValueError(
+                    "core.front_ends > 1 needs vLLM's EngineCore in its own process: remove"
+                    " engine_env.VLLM_ENABLE_V1_MULTIPROCESSING: '0'"
+                )
+        return self
 
 
 class GenerateSettings(Settings):

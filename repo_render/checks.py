@@ -58,6 +58,10 @@ def check_deployment(deployment: Deployment) -> None:
     if duplicates:
         raise ConfigError(f"names: model names must differ, {duplicates} used twice; rename one of them")
     _check_engine_args(deployment)
+    if deployment.core.front_ends > 1 and deployment.entry == "bls":
+        # An entry model cancels by key; the key lives in the front end that took the request, and the control
+        # request could reach another one.
+        raise ConfigError("core.front_ends > 1 works with entry: ensemble only; with entry: bls set it to 1")
     for key in deployment.engine_env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"engine_env.{key}: not an environment variable name (letters, digits, _)")

@@ -135,7 +135,9 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     files[f"{names.core}/config.pbtxt"] = _python_model(
         names.core,
         *core_io,
-        1,  # one engine; it spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend
+        # One engine, which spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend; its
+        # front ends (core/front_ends.py) are the instances.
+        deployment.core.front_ends,
         "KIND_MODEL",
         decoupled=True,
         # Requests that arrive together enter the core in one execute (~1 ms round trip each on an H100 host;

@@ -34,6 +34,7 @@ from core.cpu_placement import EnginePlacement
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
 from core.engine_lags import EngineLags
+from core.front_ends import front_end
 from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
 from core.metrics import StatsSink, profiled_engine_args, stat_logger_factory
@@ -74,7 +75,10 @@ class CoreModel:
         if steps is not None:
             sinks.append(steps)
             engine_args = profiled_engine_args(engine_args)
-        placement = EnginePlacement(settings.core.engine_cpus) if settings.core.engine_cpus else None
+        fe = front_end(settings.core.front_ends, args.get("model_instance_name", ""), args["model_name"])
+        # The engine's processes are the children of the front end that launched them.
+        places = settings.core.engine_cpus and (fe is None or fe.launches_engine)
+        placement = EnginePlacement(settings.core.engine_cpus) if places else None
         self.engine = Engine(
             engine_args,
             lora_adapters=loras,
@@ -83,6 +87,7 @@ class CoreModel:
             restart=settings.health,
             on_start=None if placement is None else lambda: self._place(placement),
             lags=lags,
+            front_end=fe,
         )
         self.engine.start()
         if self._metrics is not None:
@@ -97,7 +102,7 @@ class CoreModel:
             # the switch interval while the engine loop computes. Set after the engine started: a forked
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
             sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
-        self.stats = CoreStats.from_environment(self.logger, steps, lags)
+        self.stats = CoreStats.from_environment(self.logger, steps, lags, fe.describe() if fe else "")
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
             queue.SimpleQueue() for _ in range(settings.core.sender_threads)
         ]

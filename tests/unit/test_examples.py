@@ -35,10 +35,12 @@ def test_example_renders_deterministically_and_checks_clean(tmp_path: Path, name
     out = tmp_path / "repo"
     assert main([str(EXAMPLES / name), "--out", str(out)]) == 0
     assert main([str(EXAMPLES / name), "--out", str(out), "--check"]) == 0
-    again = render(load_deployment(EXAMPLES / name), out)
+    deployment = load_deployment(EXAMPLES / name)
+    again = render(deployment, out)
     assert {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()} == again
     core = again[next(k for k in again if k.endswith("/config.pbtxt") and "KIND_MODEL" in again[k])]
-    assert "count: 1\n  kind: KIND_MODEL" in core and "decoupled: true" in core
+    # one engine; an instance per front end of it (core.front_ends)
+    assert f"count: {deployment.core.front_ends}\n  kind: KIND_MODEL" in core and "decoupled: true" in core
 
 
 def _render(name: str, out: Path) -> dict[str, str]:

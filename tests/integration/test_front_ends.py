@@ -1,0 +1,79 @@
+"""Several front ends of one engine (`core.front_ends`, core/front_ends.py) in a real server: the core's two
+Triton instances each attach a vLLM client to the one EngineCore that instance 0 launched, both take requests,
+greedy outputs agree between the plain and the streamed path, and when the shared EngineCore dies every request
+(in flight, or new on either instance) gets UNAVAILABLE quickly while the server stays up."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY
+from tests.integration.test_engine_failure import QUICK_SECONDS, _engine_cores, _kill_in_flight
+from tests.support.reliability_helpers import render_repository
+from tests.support.triton_helpers import PLAIN_MODEL, grpc_inputs, grpc_stream
+from tools.triton_server import start_on_free_ports
+
+pytestmark = pytest.mark.server
+
+FRONT_ENDS = 2
+GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+_STATS = re.compile(r"vllm_core stats: (\d+) requests/s .*\(front end (\d+) of (\d+)\)")
+
+
+def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, tmp_path):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    repository = render_repository(
+        tmp_path / "repository",
+        entry="ensemble",
+        core={"front_ends": FRONT_ENDS},
+        health={"restart_engine": False},
+        # one EngineCore process for every front end: vLLM's multiprocessing on (the CPU default turns it off)
+        engine_env={"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
+    log = tmp_path / "tritonserver.log"
+    server = start_on_free_ports(repository, log, environment={CORE_STATS_KEY: "1"})
+    try:
+        engines = _engine_cores(server)
+        assert len(engines) == 1, f"one EngineCore for {FRONT_ENDS} front ends, found {engines}"
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+
+        prompts = [f"Story {i}: once upon a time" for i in range(24)]
+        plain: dict[str, str] = {}
+
+        def ask(prompt: str) -> None:
+            result = client.infer(PLAIN_MODEL, grpc_inputs(prompt, GREEDY), client_timeout=120)
+            plain[prompt] = result.as_numpy("text_output")[0].decode()
+
+        threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=180)
+        assert sorted(plain) == sorted(prompts)
+        for prompt in prompts[:3]:
+            deltas = grpc_stream(server.grpc_url, grpc_inputs(prompt, GREEDY, stream=True))
+            streamed = "".join(d["text_output"][0].decode() for d, _ in deltas)
+            assert prompt + streamed == plain[prompt], (prompt, streamed, plain[prompt])  # plain echoes the prompt
+
+        time.sleep(2.5)  # the core logs its counters every second, at the end of each interval
+        served = {int(m[2]) for m in _STATS.finditer(log.read_text(errors="replace")) if int(m[1]) > 0}
+        assert served == set(range(FRONT_ENDS)), f"front ends that took requests: {served}"
+
+        failed = _kill_in_flight(server, client, engines[0])
+        print(f"\n{len(failed)} in flight failed, the last {max(after for _, after in failed):.2f} s after the kill")
+        for _ in range(2 * FRONT_ENDS):  # new requests, whichever instance takes them
+            start = time.monotonic()
+            with pytest.raises(InferenceServerException) as error:
+                client.infer(PLAIN_MODEL, grpc_inputs("hello", {"max_tokens": 4}), client_timeout=120)
+            assert error.value.status() == "StatusCode.UNAVAILABLE", error.value
+            assert time.monotonic() - start < QUICK_SECONDS
+        assert server.process.poll() is None, "the server itself must survive"
+        client.close()
+    finally:
+        server.stop()
