@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core import front_ends
 from core.engine_lags import EngineLags
 from core.front_ends import FrontEnd, LaunchedEngine
 from core.gc_heap import freeze_startup_heap, unfreeze_heap
@@ -204,8 +205,6 @@ class Engine:
     def _attach_front_end(self, fe: FrontEnd) -> Any:
         """Front end 0 launches the shared EngineCore and publishes its process ids; every front end then attaches
         its own client and watches those processes (vLLM's client only notices the death of an engine it owns)."""
-        from core import front_ends
-
         if fe.launches_engine:
             front_ends.clear_published(fe)
             try:
@@ -224,29 +223,30 @@ class Engine:
         except BaseException:
             self._end_shared_engine()
             raise
-        front_ends.watch_engine(pids, lambda pid: self._shared_engine_died(llm, pid), self._closing)
+        front_ends.watch_engine(pids, lambda pid: self._shared_engine_died(llm, fe, pid), self._closing)
         log.info("%s: attached to the engine (EngineCore process %s)", fe.describe(), ", ".join(map(str, pids)))
         return llm
 
     def _log_stats(self) -> bool:
         return not self._engine_args.get("disable_log_stats", False)
 
-    def _shared_engine_died(self, llm: Any, pid: int) -> None:
+    def _shared_engine_died(self, llm: Any, fe: FrontEnd, pid: int) -> None:
         """What vLLM's own monitor does for the client that launched its engine: mark it dead and shut the client
         down, which fails every request in flight with EngineDeadError (UNAVAILABLE) and refuses new ones."""
-        log.error("the shared vLLM engine died (EngineCore process %d ended); requests get UNAVAILABLE", pid)
+        if front_ends.engine_stopped(fe):  # front end 0 ended it: the server (or the model) is shutting down
+            log.warning("%s: the shared vLLM engine was stopped by front end 0", fe.describe())
+        else:
+            log.error("the shared vLLM engine died (EngineCore process %d ended); requests get UNAVAILABLE", pid)
         with contextlib.suppress(Exception):
             llm.engine_core.resources.engine_dead = True
             llm.engine_core.shutdown()
 
     def _end_shared_engine(self) -> None:
         if self._launched is not None:
+            if self._front_end is not None:
+                front_ends.clear_published(self._front_end)  # first: the others then know the end was meant
             self._launched.shutdown()
             self._launched = None
-            if self._front_end is not None:
-                from core.front_ends import clear_published
-
-                clear_published(self._front_end)
 
     # Restart after the engine died --------------------------------------------------------------------------
 

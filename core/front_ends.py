@@ -174,6 +174,11 @@ def publish_launch_failure(fe: FrontEnd, error: BaseException) -> None:
     _publish(fe, FAILED_FILE, f"{type(error).__name__}: {error}\n")
 
 
+def engine_stopped(fe: FrontEnd) -> bool:
+    """Whether front end 0 withdrew the engine it had published (it does so before stopping it)."""
+    return not (fe.socket_dir / PIDS_FILE).exists()
+
+
 def read_engine_pids(fe: FrontEnd, wait_seconds: float) -> list[int]:
     """The running EngineCore's process ids as instance 0 published them (ids of processes that have ended are
     an earlier engine's); RuntimeError if the launch failed or nothing came within `wait_seconds`."""

@@ -868,7 +868,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         " median of the ratios of the repetitions in which both were measured (seconds apart with --interleave);"
         " client: cores the client used"
     )
-    engine_rows = [row for row in rows if row.get("engine_running_mean") is not None]
+    # A core with several front ends logs the trips only (its step counters would be wrong): "-" for the steps.
+    engine_rows = [
+        row for row in rows if row.get("engine_running_mean") is not None or row.get("engine_intake_ms") is not None
+    ]
     if engine_rows:
         print("\nthe engine's steps over each level (--profile; median of the repetitions):")
         print(
@@ -884,7 +887,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             cpu = 1000 / decode_rate - wait if decode_rate and wait is not None else None
             print(
                 f"{row['path']:<22}{row['max_tokens']:>8}{row['concurrency']:>6}"
-                f"{row['engine_running_mean']:>9.1f}{row['engine_steps_per_s']:>9.1f}{_fmt(ratio, '.2f'):>7}"
+                f"{_fmt(row.get('engine_running_mean'), '.1f'):>9}{_fmt(row.get('engine_steps_per_s'), '.1f'):>9}"
+                f"{_fmt(ratio, '.2f'):>7}"
                 f"{_fmt(row.get('engine_prefill_share'), '.2f'):>9}{_fmt(decode_rate, '.1f'):>9}"
                 f"{_fmt(decode_ratio, '.2f'):>7}{_fmt(wait, '.2f'):>9}{_fmt(cpu, '.2f'):>8}"
                 f"{_fmt(row.get('engine_intake_ms'), '.1f'):>8}{_fmt(row.get('engine_return_ms'), '.1f'):>8}"

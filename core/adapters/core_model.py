@@ -69,13 +69,17 @@ class CoreModel:
             self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
             sinks.append(self._metrics.buffer)
         engine_args = load_engine_args(model_dir / ENGINE_ARGS_FILE)
-        # The opt-in counters (core/core_stats.py) include the engine's steps, which need vLLM's statistics.
-        steps = EngineSteps() if CoreStats.seconds_from_environment() > 0 else None
-        lags = EngineLags() if steps is not None else None
+        fe = front_end(settings.core.front_ends, args.get("model_instance_name", ""), args["model_name"])
+        # The opt-in counters (core/core_stats.py) include the engine's steps and trips, which need vLLM's statistics.
+        # With several front ends vLLM sends each step's statistics to one of them and none can time a step: the
+        # step counters would be wrong, so only the per-request trips are kept.
+        profiling = CoreStats.seconds_from_environment() > 0
+        steps = EngineSteps() if profiling and fe is None else None
+        lags = EngineLags() if profiling else None
         if steps is not None:
             sinks.append(steps)
+        if profiling:
             engine_args = profiled_engine_args(engine_args)
-        fe = front_end(settings.core.front_ends, args.get("model_instance_name", ""), args["model_name"])
         # The engine's processes are the children of the front end that launched them.
         places = settings.core.engine_cpus and (fe is None or fe.launches_engine)
         placement = EnginePlacement(settings.core.engine_cpus) if places else None

@@ -91,6 +91,17 @@ def test_iteration_details_split_decode_steps_from_prefill_steps_in_the_engine_t
     assert line[6:] == ["0.20", "200.0", f"{200 / 230:.2f}", "0.50", "4.50", "12.5", "20.2"]
 
 
+def test_a_core_with_several_front_ends_shows_its_trips_without_step_counters(capsys):
+    bare, ours = _run("bare", 200), _run("plain-grpc", 190)
+    bare.engine_steps = {"running_mean": 60, "steps_per_second": 220}
+    bare.engine_lags = {"requests": 8, "intake_ms": 20.0, "outputs": 8, "return_ms": 15.0}
+    ours.engine_lags = {"requests": 8, "intake_ms": 30.0, "outputs": 8, "return_ms": 10.0}  # no engine_steps
+    print_table(summarize([bare, ours]))
+    engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
+    line = next(line.split() for line in engine_table.splitlines() if line.startswith("plain-grpc"))
+    assert line[3:] == ["-"] * 8 + ["30.0", "10.0"]
+
+
 def test_targets_say_met_or_not_per_level_and_judge_ttft():
     runs = [
         _run("bare", 100, 256),

@@ -134,3 +134,11 @@ def test_entry_models_need_a_single_front_end(tmp_path):
 def test_a_deployment_names_the_missing_rule(tmp_path):
     with pytest.raises(ConfigError, match="health.restart_engine: false"):
         _deployment(tmp_path, core={"front_ends": 2}, engine_env={})
+
+
+def test_the_others_can_tell_a_stop_from_a_death(tmp_path):
+    first = _fe(tmp_path, 0)
+    front_ends.publish_engine_pids(first, [12345])
+    assert not front_ends.engine_stopped(_fe(tmp_path))  # published: an ended process is a death
+    front_ends.clear_published(first)  # front end 0 withdraws the engine before it stops it
+    assert front_ends.engine_stopped(_fe(tmp_path))
