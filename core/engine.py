@@ -208,7 +208,8 @@ class Engine:
         if fe.launches_engine:
             front_ends.clear_published(fe)
             try:
-                self._launched = front_ends.launch_engine(self._engine_args, fe, self._log_stats())
+                config, executor = front_ends.vllm_config(self._engine_args)
+                self._launched = front_ends.launch_engine(config, executor, fe, self._log_stats())
             except BaseException as exc:
                 front_ends.publish_launch_failure(fe, exc)
                 raise
@@ -218,8 +219,9 @@ class Engine:
             from vllm import envs
 
             pids = front_ends.read_engine_pids(fe, wait_seconds=float(envs.VLLM_ENGINE_READY_TIMEOUT_S))
+            config, executor = front_ends.vllm_config(self._engine_args)
         try:
-            llm = front_ends.attach_client(self._engine_args, fe, self._stat_loggers, self._log_stats())
+            llm = front_ends.attach_client(config, executor, fe, self._stat_loggers, self._log_stats())
         except BaseException:
             self._end_shared_engine()
             raise

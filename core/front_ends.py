@@ -38,6 +38,9 @@ from typing import Any
 # tritonserver's instance names: "<group name>_<index in the group>"; the renderer writes one group (the default
 # group name is "<model>_<group index>", so the core's instances are "vllm_core_0_0", "vllm_core_0_1", ...).
 _INSTANCE_INDEX = re.compile(r"_(\d+)$")
+PIDS_FILE = "engine-pids"  # front end 0: the running EngineCore's process ids
+FAILED_FILE = "engine-failed"  # front end 0: why the engine did not start
+WATCH_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -88,10 +91,6 @@ def front_end(count: int, instance_name: str, model_name: str, server_pid: int |
     return FrontEnd(index, count, socket_dir)
 
 
-PIDS_FILE = "engine-pids"
-WATCH_SECONDS = 0.25
-
-
 class LaunchedEngine:
     """The EngineCore process(es) instance 0 launched for every front end; `shutdown` ends them."""
 
@@ -106,7 +105,8 @@ class LaunchedEngine:
             self._manager = None
 
 
-def _vllm_config(engine_args: dict[str, Any]) -> tuple[Any, Any]:
+def vllm_config(engine_args: dict[str, Any]) -> tuple[Any, Any]:
+    """vLLM's config and executor class for these engine args (built once per front end: launch and client)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.executor import Executor
@@ -115,11 +115,10 @@ def _vllm_config(engine_args: dict[str, Any]) -> tuple[Any, Any]:
     return config, Executor.get_class(config)
 
 
-def launch_engine(engine_args: dict[str, Any], fe: FrontEnd, log_stats: bool) -> LaunchedEngine:
+def launch_engine(config: Any, executor: Any, fe: FrontEnd, log_stats: bool) -> LaunchedEngine:
     """Start the EngineCore for all `fe.count` front ends and wait until it is up (its clients need not be)."""
     from vllm.v1.engine.utils import EngineZmqAddresses, launch_core_engines
 
-    config, executor = _vllm_config(engine_args)
     addresses = EngineZmqAddresses(
         inputs=[fe.input_address(i) for i in range(fe.count)],
         outputs=[fe.output_address(i) for i in range(fe.count)],
@@ -132,11 +131,10 @@ def launch_engine(engine_args: dict[str, Any], fe: FrontEnd, log_stats: bool) ->
     return LaunchedEngine(manager)
 
 
-def attach_client(engine_args: dict[str, Any], fe: FrontEnd, stat_loggers: list[Any] | None, log_stats: bool) -> Any:
+def attach_client(config: Any, executor: Any, fe: FrontEnd, stat_loggers: list[Any] | None, log_stats: bool) -> Any:
     """This front end's AsyncLLM, a client of the shared EngineCore (blocks until the engine greets it)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    config, executor = _vllm_config(engine_args)
     return AsyncLLM(
         config,
         executor,
@@ -146,9 +144,6 @@ def attach_client(engine_args: dict[str, Any], fe: FrontEnd, stat_loggers: list[
         client_count=fe.count,
         client_index=fe.index,
     )
-
-
-FAILED_FILE = "engine-failed"
 
 
 def clear_published(fe: FrontEnd) -> None:
@@ -184,11 +179,10 @@ def read_engine_pids(fe: FrontEnd, wait_seconds: float) -> list[int]:
     an earlier engine's); RuntimeError if the launch failed or nothing came within `wait_seconds`."""
     deadline = time.monotonic() + wait_seconds
     while True:
-        with contextlib.suppress(OSError):
-            raise RuntimeError(
-                f"{fe.describe()}: front end 0 could not start the engine: "
-                + (fe.socket_dir / FAILED_FILE).read_text(encoding="utf-8").strip()
-            )
+        failed = fe.socket_dir / FAILED_FILE
+        if failed.exists():
+            reason = failed.read_text(encoding="utf-8").strip()
+            raise RuntimeError(f"{fe.describe()}: front end 0 could not start the engine: {reason}")
         with contextlib.suppress(OSError, ValueError):
             pids = [int(word) for word in (fe.socket_dir / PIDS_FILE).read_text(encoding="ascii").split()]
             if pids and all(_alive(pid) for pid in pids):
