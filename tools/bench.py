@@ -47,10 +47,11 @@ the core's own counters in the Triton log, the engine's steps per level for the 
 (core/step_stats.py: requests running per step, steps per second; from vLLM's iteration details, the share of
 steps that computed prompt tokens, the decode-only steps' rate, the EngineCore's wait for the model's result per
 step), and py-spy profiles (when py-spy is on PATH)
-of every Python process of the server during the largest level. Results go to OUT/results.json (rewritten after
-every level, so a command stopped by a time limit or a dead server keeps what it measured; it then exits 1) and
-OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see how much the engine's own steps
-slow down when the host's other CPUs are busy (as a server and its clients keep them).
+of every Python process of the server (and of the bare engine's worker) during the largest level, or the one
+--profile-level names; tools/profile_summary.py prints their busiest functions. Results go to OUT/results.json
+(rewritten after every level, so a command stopped by a time limit or a dead server keeps what it measured; it
+then exits 1) and OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see how much the
+engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them).
 """
 
 from __future__ import annotations
@@ -481,8 +482,8 @@ async def measure(
 class BareGroup:
     """The bare paths: the engine in its worker subprocess."""
 
-    def __init__(self, paths: list[str], spec: dict[str, Any], log: Path) -> None:
-        self.paths, self.spec, self.log = paths, spec, log
+    def __init__(self, args, paths: list[str], levels: list[dict[str, Any]], spec: dict[str, Any], log: Path) -> None:
+        self.args, self.paths, self.levels, self.spec, self.log = args, paths, levels, spec, log
         self.process: asyncio.subprocess.Process | None = None
 
     async def open(self) -> None:
@@ -513,9 +514,15 @@ class BareGroup:
 
     async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
         assert self.process is not None and self.process.stdin is not None
+        recorders = []
+        if self.args.profile and rep == 0 and level is profiled_level(self.levels, self.args.profile_level):
+            # the worker and its EngineCore, as a server's processes are (its own session: pgid = pid)
+            recorders = start_py_spy(self.process.pid, self.args.profile_seconds, self.args.out / "profiles", path)
         self.process.stdin.write((json.dumps({"path": path, "level": level}) + "\n").encode())
         await self.process.stdin.drain()
         measured = await self._answer()
+        for recorder in recorders:
+            recorder.wait(timeout=self.args.profile_seconds + 30)
         progress.update(level["requests"])
         return measured
 
@@ -555,7 +562,7 @@ class ServedGroup:
         args = self.args
         watch = ServerWatch(self.pgid, self.triton) if args.profile else None
         recorders = []
-        if args.profile and rep == 0 and level is profiled_level(self.levels):
+        if args.profile and rep == 0 and level is profiled_level(self.levels, args.profile_level):
             recorders = start_py_spy(self.pgid, args.profile_seconds, args.out / "profiles", path)
         measured = await measure(self.runners[path], self.prompts, level, self.pgid, progress, watch)
         for recorder in recorders:
@@ -1008,7 +1015,19 @@ def levels_for(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [{"concurrency": c, "max_tokens": m, "requests": requests(c)} for m in args.max_tokens for c in args.levels]
 
 
-def profiled_level(levels: list[dict[str, Any]]) -> dict[str, Any]:
+def profile_level_argument(text: str) -> tuple[int, int]:
+    concurrency, _, max_tokens = text.partition("x")
+    try:
+        return int(concurrency), int(max_tokens)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: STREAMSxTOKENS, e.g. 64x64") from None
+
+
+def profiled_level(levels: list[dict[str, Any]], chosen: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The level py-spy records: `chosen` (concurrency, max_tokens) when it is one of them, else the largest."""
+    for level in levels:
+        if chosen == (level["concurrency"], level["max_tokens"]):
+            return level
     return max(levels, key=lambda level: (level["concurrency"], level["max_tokens"]))
 
 
@@ -1071,7 +1090,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
             "prompts": [prompt.ids for prompt in prompts],
             "profile": args.profile,
         }
-        groups.append(BareGroup(bare, spec, out / "bare.log"))
+        groups.append(BareGroup(args, bare, levels, spec, out / "bare.log"))
     if served:
         groups.append(VllmServeGroup(args, served, levels, prompts, setup))
     if triton:
@@ -1125,6 +1144,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
     parser.add_argument("--profile-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--profile-level",
+        type=profile_level_argument,
+        metavar="STREAMSxTOKENS",
+        help="the level py-spy records, e.g. 64x64 (default: the largest)",
+    )
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests per level")
     parser.add_argument(
         "--max-requests",

@@ -13,6 +13,8 @@ from tools.bench import (
     baseline_of,
     load_runs,
     print_table,
+    profile_level_argument,
+    profiled_level,
     requests_for,
     schedule,
     summarize,
@@ -257,3 +259,12 @@ def test_a_level_spreads_over_client_processes_evenly_and_completely():
     assert split(256, 4) == [64, 64, 64, 64]
     assert split(10, 4) == [3, 3, 2, 2]
     assert sum(split(513, 4)) == 513
+
+
+def test_py_spy_records_the_named_level_or_else_the_largest():
+    levels = [{"concurrency": c, "max_tokens": m} for m in (64, 256) for c in (1, 64, 256)]
+    assert profiled_level(levels, profile_level_argument("64x64")) == {"concurrency": 64, "max_tokens": 64}
+    assert profiled_level(levels, None) == {"concurrency": 256, "max_tokens": 256}
+    assert profiled_level(levels, (16, 64)) == {"concurrency": 256, "max_tokens": 256}  # not a level of this run
+    with pytest.raises(Exception, match="STREAMSxTOKENS"):
+        profile_level_argument("64")
