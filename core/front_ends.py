@@ -17,6 +17,10 @@ vLLM's client notices its engine's death only when it launched it; the others wo
 socket. Instance 0 writes the EngineCore's process ids next to the sockets, and every instance watches them
 (`watch_engine`): a death fails the requests in flight with UNAVAILABLE, as with one front end.
 
+Metrics: Triton gives the core's instances one metric per name and labels, so counters and histograms add up over
+the front ends; vLLM hands each step's scheduler statistics (the gauges) to one front end, and the front ends set
+the shared gauges newest-first (core/metrics.py GaugeClock, a file next to the sockets).
+
 What one engine for several processes cannot do: restart. A client attaches once (vLLM's EngineCore greets each
 client socket once, at its start), so a restarted engine would need every instance to rebuild its client; the
 settings therefore require `health.restart_engine: false` with front_ends > 1 (core/settings.py).
@@ -40,6 +44,7 @@ from typing import Any
 _INSTANCE_INDEX = re.compile(r"_(\d+)$")
 PIDS_FILE = "engine-pids"  # front end 0: the running EngineCore's process ids
 FAILED_FILE = "engine-failed"  # front end 0: why the engine did not start
+GAUGE_CLOCK_FILE = "gauges-at"  # every front end: when the shared gauges were last set (core/metrics.py)
 WATCH_SECONDS = 0.25
 
 
@@ -57,6 +62,10 @@ class FrontEnd:
 
     def input_address(self, index: int) -> str:
         return f"ipc://{self.socket_dir / f'in-{index}'}"
+
+    @property
+    def gauge_clock_path(self) -> Path:
+        return self.socket_dir / GAUGE_CLOCK_FILE
 
     def output_address(self, index: int) -> str:
         return f"ipc://{self.socket_dir / f'out-{index}'}"

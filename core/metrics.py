@@ -10,10 +10,15 @@ This module is Triton-free, so unit tests reach it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import struct
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 # (name, description); the names follow vLLM's own Prometheus metrics.
@@ -61,6 +66,7 @@ class StatsDelta:
 
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
     gauges: dict[str, float] | None = None
+    gauges_at: float = 0.0  # time.monotonic() when the gauges were recorded (system-wide on Linux)
     samples: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in HISTOGRAMS})
 
     def empty(self) -> bool:
@@ -84,6 +90,7 @@ class StatsBuffer:
                     "waiting": float(scheduler_stats.num_waiting_reqs),
                     "kv_cache_usage": float(scheduler_stats.kv_cache_usage),
                 }
+                delta.gauges_at = time.monotonic()
             if iteration_stats is not None:
                 delta.counters["prompt_tokens"] += iteration_stats.num_prompt_tokens
                 delta.counters["generation_tokens"] += iteration_stats.num_generation_tokens
@@ -103,6 +110,42 @@ class StatsBuffer:
             delta, self._delta = self._delta, StatsDelta()
             self.changed.clear()
         return delta
+
+
+class GaugeClock:
+    """Newest-wins for gauges that several processes publish into one Triton metric.
+
+    With several front ends of one engine (core/front_ends.py), vLLM hands each step's scheduler statistics to one
+    of them (running, waiting, KV-cache usage: the engine's, not the front end's), and Triton shares a metric of
+    the same name and labels between the core's instances. Each front end publishes on its own clock, so an older
+    value could land after a newer one and stay (e.g. "running: 3" while idle). Each publisher sets the gauges only
+    under this file's lock and only when its values are newer than the last ones set (vLLM's own multi-process
+    gauges keep the most recent value, too). Counters and histograms add up and need none of this.
+    """
+
+    _STAMP = struct.Struct("d")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch(exist_ok=True)
+
+    @contextlib.contextmanager
+    def newest(self, at: float) -> Iterator[bool]:
+        """Yields whether `at` is newer than every gauge set so far (then it is the newest); the gauges must be set
+        inside the block, which holds the lock."""
+        with open(self.path, "r+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                raw = handle.read(self._STAMP.size)
+                last = self._STAMP.unpack(raw)[0] if len(raw) == self._STAMP.size else float("-inf")
+                newer = at > last
+                if newer:
+                    handle.seek(0)
+                    handle.write(self._STAMP.pack(at))
+                    handle.flush()
+                yield newer
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class StatsSink(Protocol):

@@ -79,8 +79,6 @@ class CoreSettings(Settings):
                     "core.front_ends > 1 shares one engine between processes, which cannot restart it: set"
                     " health.restart_engine: false"
                 )
-            if self.metrics:
-                raise ValueError("core.front_ends > 1: metrics are not published with several front ends yet")
             if self.engine_env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
                 raise ValueError(
                     "core.front_ends > 1 needs vLLM's EngineCore in its own process: remove"

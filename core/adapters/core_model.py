@@ -37,7 +37,7 @@ from core.engine_lags import EngineLags
 from core.front_ends import front_end
 from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
-from core.metrics import StatsSink, profiled_engine_args, stat_logger_factory
+from core.metrics import GaugeClock, StatsSink, profiled_engine_args, stat_logger_factory
 from core.protocol import EngineResponse, decode_request, encode_response
 from core.settings import CoreSettings, load_settings
 from core.step_stats import EngineSteps
@@ -63,13 +63,15 @@ class CoreModel:
         # The deployment's engine_env, before vLLM reads it; the EngineCore process inherits it.
         os.environ.update(settings.engine_env)
         prepare_process_environment()  # before anything imports vLLM
+        engine_args = load_engine_args(model_dir / ENGINE_ARGS_FILE)
+        fe = front_end(settings.core.front_ends, args.get("model_instance_name", ""), args["model_name"])
         self._metrics: TritonMetrics | None = None
         sinks: list[StatsSink] = []
         if settings.metrics:
-            self._metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
+            labels = {"model": args["model_name"], "version": args["model_version"]}
+            # Several front ends share these metrics (Triton's, by name and labels): gauges newest-first.
+            self._metrics = TritonMetrics(labels, None if fe is None else GaugeClock(fe.gauge_clock_path))
             sinks.append(self._metrics.buffer)
-        engine_args = load_engine_args(model_dir / ENGINE_ARGS_FILE)
-        fe = front_end(settings.core.front_ends, args.get("model_instance_name", ""), args["model_name"])
         # The opt-in counters (core/core_stats.py) include the engine's steps and trips, which need vLLM's statistics.
         # With several front ends vLLM sends each step's statistics to one of them and none can time a step: the
         # step counters would be wrong, so only the per-request trips are kept.

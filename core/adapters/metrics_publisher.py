@@ -9,7 +9,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from core.metrics import COUNTERS, GAUGES, HISTOGRAMS, StatsBuffer
+from core.metrics import COUNTERS, GAUGES, HISTOGRAMS, GaugeClock, StatsBuffer
 
 
 class TritonMetrics:
@@ -17,8 +17,11 @@ class TritonMetrics:
 
     PUBLISH_SECONDS = 0.2
 
-    def __init__(self, labels: dict[str, str]) -> None:
+    def __init__(self, labels: dict[str, str], gauge_clock: GaugeClock | None = None) -> None:
         self.buffer = StatsBuffer()
+        # Several front ends publish into the same metrics (Triton shares a name and labels between the core's
+        # instances): their gauges are set newest-first (core/metrics.py GaugeClock).
+        self._gauge_clock = gauge_clock
         kinds = pb_utils.MetricFamily
         # The families must outlive their metrics (Triton deletes a family's metrics with it): keep both.
         self._families: list[Any] = []
@@ -59,8 +62,17 @@ class TritonMetrics:
         for key, value in delta.counters.items():
             if value:
                 self._counters[key].increment(value)
-        for key, value in (delta.gauges or {}).items():
-            self._gauges[key].set(value)
+        if delta.gauges is not None:
+            if self._gauge_clock is None:
+                self._set_gauges(delta.gauges)
+            else:
+                with self._gauge_clock.newest(delta.gauges_at) as newest:
+                    if newest:
+                        self._set_gauges(delta.gauges)
         for key, values in delta.samples.items():
             for value in values:
                 self._histograms[key].observe(value)
+
+    def _set_gauges(self, gauges: dict[str, float]) -> None:
+        for key, value in gauges.items():
+            self._gauges[key].set(value)

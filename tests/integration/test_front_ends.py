@@ -1,7 +1,8 @@
 """Several front ends of one engine (`core.front_ends`, core/front_ends.py) in a real server: the core's two
 Triton instances each attach a vLLM client to the one EngineCore that instance 0 launched, both take requests,
-greedy outputs agree between the plain and the streamed path, and when the shared EngineCore dies every request
-(in flight, or new on either instance) gets UNAVAILABLE quickly while the server stays up."""
+greedy outputs agree between the plain and the streamed path, vLLM's metrics count every request once across
+the front ends (one series per metric, idle gauges at 0), and when the shared EngineCore dies every request (in
+flight, or new on either instance) gets UNAVAILABLE quickly while the server stays up."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY
 from tests.integration.test_engine_failure import QUICK_SECONDS, _engine_cores, _kill_in_flight
-from tests.support.reliability_helpers import render_repository
+from tests.support.reliability_helpers import render_repository, scrape
 from tests.support.triton_helpers import PLAIN_MODEL, grpc_inputs, grpc_stream
 from tools.triton_server import start_on_free_ports
 
@@ -33,6 +34,7 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         entry="ensemble",
         core={"front_ends": FRONT_ENDS},
         health={"restart_engine": False},
+        metrics=True,
         # one EngineCore process for every front end: vLLM's multiprocessing on (the CPU default turns it off)
         engine_env={"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     )
@@ -64,6 +66,15 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         time.sleep(2.5)  # the core logs its counters every second, at the end of each interval
         served = {int(m[2]) for m in _STATS.finditer(log.read_text(errors="replace")) if int(m[1]) > 0}
         assert served == set(range(FRONT_ENDS)), f"front ends that took requests: {served}"
+
+        # Both front ends publish into one series per metric (published every 0.2 s; slept above)
+        samples = scrape(server)
+        finished = [v for (name, _), v in samples.items() if name == "vllm:request_success_total"]
+        assert finished == [len(prompts) + 3], f"one series counting every request once: {finished}"
+        generated = [v for (name, _), v in samples.items() if name == "vllm:generation_tokens_total"]
+        assert generated == [GREEDY["max_tokens"] * (len(prompts) + 3)]
+        running = [v for (name, _), v in samples.items() if name == "vllm:num_requests_running"]
+        assert running == [0.0], f"idle: the newest gauge, whichever front end set it: {running}"
 
         failed = _kill_in_flight(server, client, engines[0])
         print(f"\n{len(failed)} in flight failed, the last {max(after for _, after in failed):.2f} s after the kill")

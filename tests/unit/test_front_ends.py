@@ -94,7 +94,6 @@ def test_the_watch_reports_an_ended_engine_once_and_stops_when_told():
     ("settings", "rule"),
     [
         ({}, "health.restart_engine: false"),
-        ({"health": {"restart_engine": False}, "metrics": True}, "metrics"),
         (
             {"health": {"restart_engine": False}, "engine_env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
             "VLLM_ENABLE_V1_MULTIPROCESSING",
