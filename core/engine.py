@@ -230,7 +230,9 @@ class Engine:
         return llm
 
     def _log_stats(self) -> bool:
-        return not self._engine_args.get("disable_log_stats", False)
+        # vLLM's own rule (AsyncLLM): statistics on when asked for, or when a stat logger of ours wants them. The
+        # EngineCore makes the scheduler's (the gauges) only when launched with them on.
+        return not self._engine_args.get("disable_log_stats", False) or bool(self._stat_loggers)
 
     def _shared_engine_died(self, llm: Any, fe: FrontEnd, pid: int) -> None:
         """What vLLM's own monitor does for the client that launched its engine: mark it dead and shut the client

@@ -25,6 +25,10 @@ GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
 _STATS = re.compile(r"vllm_core stats: (\d+) requests/s .*\(front end (\d+) of (\d+)\)")
 
 
+def _running(server) -> list[float]:
+    return [v for (name, _), v in scrape(server).items() if name == "vllm:num_requests_running"]
+
+
 def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, tmp_path):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -73,8 +77,21 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         assert finished == [len(prompts) + 3], f"one series counting every request once: {finished}"
         generated = [v for (name, _), v in samples.items() if name == "vllm:generation_tokens_total"]
         assert generated == [GREEDY["max_tokens"] * (len(prompts) + 3)]
-        running = [v for (name, _), v in samples.items() if name == "vllm:num_requests_running"]
-        assert running == [0.0], f"idle: the newest gauge, whichever front end set it: {running}"
+        assert _running(server) == [0.0], "idle: the newest gauge, whichever front end set it"
+        # The gauges are the EngineCore's: set while requests run (vLLM hands them to one front end per step)
+        long = {"temperature": 0, "max_tokens": 200, "ignore_eos": True}
+        threads = [threading.Thread(target=client.infer, args=(PLAIN_MODEL, grpc_inputs(p, long))) for p in prompts[:6]]
+        for thread in threads:
+            thread.start()
+        seen, deadline = [0.0], time.monotonic() + 60
+        while max(seen) == 0.0 and time.monotonic() < deadline:
+            seen = _running(server)
+            time.sleep(0.1)
+        for thread in threads:
+            thread.join(timeout=180)
+        assert max(seen) > 0, "the running gauge never moved while 6 requests ran"
+        time.sleep(1.0)
+        assert _running(server) == [0.0], "idle again: no older value from another front end left behind"
 
         failed = _kill_in_flight(server, client, engines[0])
         print(f"\n{len(failed)} in flight failed, the last {max(after for _, after in failed):.2f} s after the kill")

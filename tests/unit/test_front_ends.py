@@ -13,6 +13,7 @@ import yaml
 
 import repo_render
 from core import front_ends
+from core.engine import Engine
 from core.settings import CoreSettings
 from repo_render.schema import ConfigError
 
@@ -141,3 +142,13 @@ def test_the_others_can_tell_a_stop_from_a_death(tmp_path):
     assert not front_ends.engine_stopped(_fe(tmp_path))  # published: an ended process is a death
     front_ends.clear_published(first)  # front end 0 withdraws the engine before it stops it
     assert front_ends.engine_stopped(_fe(tmp_path))
+
+
+def test_a_launched_engine_makes_statistics_when_a_stat_logger_of_ours_wants_them():
+    """vLLM's rule (AsyncLLM: log_stats or a custom logger): front end 0 launches the shared EngineCore itself, so
+    with `metrics: true` and `disable_log_stats: true` it must still ask for the scheduler's statistics (the
+    gauges), or the metrics' gauges would never move."""
+    quiet = {"disable_log_stats": True}
+    assert Engine(quiet, stat_loggers=[object()])._log_stats()
+    assert not Engine(quiet)._log_stats()
+    assert Engine({})._log_stats()  # vLLM's default: on
