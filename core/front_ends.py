@@ -63,16 +63,16 @@ class FrontEnd:
     def input_address(self, index: int) -> str:
         return f"ipc://{self.socket_dir / f'in-{index}'}"
 
-    @property
-    def gauge_clock_path(self) -> Path:
-        return self.socket_dir / GAUGE_CLOCK_FILE
-
     def output_address(self, index: int) -> str:
         return f"ipc://{self.socket_dir / f'out-{index}'}"
 
     def client_addresses(self) -> dict[str, str]:
         """AsyncLLM's `client_addresses` for this front end."""
         return {"input_address": self.input_address(self.index), "output_address": self.output_address(self.index)}
+
+    @property
+    def gauge_clock_path(self) -> Path:
+        return self.socket_dir / GAUGE_CLOCK_FILE
 
     def describe(self) -> str:
         return f"front end {self.index} of {self.count}"

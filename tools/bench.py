@@ -325,6 +325,15 @@ def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subpr
     return recorders
 
 
+def start_level_profile(
+    args: argparse.Namespace, levels: list[dict[str, Any]], rep: int, level: dict[str, Any], pgid: int, label: str
+) -> list[subprocess.Popen]:
+    """start_py_spy for the first repetition of the profiled level (--profile); [] for every other."""
+    if not (args.profile and rep == 0 and level is profiled_level(levels, args.profile_level)):
+        return []
+    return start_py_spy(pgid, args.profile_seconds, args.out / "profiles", label)
+
+
 # Servers (the clients are in tools/bench_clients.py) ----------------------------------------------------
 
 
@@ -514,10 +523,8 @@ class BareGroup:
 
     async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
         assert self.process is not None and self.process.stdin is not None
-        recorders = []
-        if self.args.profile and rep == 0 and level is profiled_level(self.levels, self.args.profile_level):
-            # the worker and its EngineCore, as a server's processes are (its own session: pgid = pid)
-            recorders = start_py_spy(self.process.pid, self.args.profile_seconds, self.args.out / "profiles", path)
+        # the worker and its EngineCore, as a server's processes are (its own session: pgid = pid)
+        recorders = start_level_profile(self.args, self.levels, rep, level, self.process.pid, path)
         self.process.stdin.write((json.dumps({"path": path, "level": level}) + "\n").encode())
         await self.process.stdin.drain()
         measured = await self._answer()
@@ -561,9 +568,7 @@ class ServedGroup:
     async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
         args = self.args
         watch = ServerWatch(self.pgid, self.triton) if args.profile else None
-        recorders = []
-        if args.profile and rep == 0 and level is profiled_level(self.levels, args.profile_level):
-            recorders = start_py_spy(self.pgid, args.profile_seconds, args.out / "profiles", path)
+        recorders = start_level_profile(args, self.levels, rep, level, self.pgid, path)
         measured = await measure(self.runners[path], self.prompts, level, self.pgid, progress, watch)
         for recorder in recorders:
             recorder.wait(timeout=args.profile_seconds + 30)
@@ -1024,11 +1029,14 @@ def profile_level_argument(text: str) -> tuple[int, int]:
 
 
 def profiled_level(levels: list[dict[str, Any]], chosen: tuple[int, int] | None = None) -> dict[str, Any]:
-    """The level py-spy records: `chosen` (concurrency, max_tokens) when it is one of them, else the largest."""
+    """The level py-spy records: `chosen` (concurrency, max_tokens), else the largest. A chosen level that the run
+    does not measure is refused (SystemExit) rather than silently replaced."""
+    if chosen is None:
+        return max(levels, key=lambda level: (level["concurrency"], level["max_tokens"]))
     for level in levels:
         if chosen == (level["concurrency"], level["max_tokens"]):
             return level
-    return max(levels, key=lambda level: (level["concurrency"], level["max_tokens"]))
+    raise SystemExit(f"bench: --profile-level {chosen[0]}x{chosen[1]} is not one of this run's levels")
 
 
 def triton_client_specs(paths: list[str], setup: BenchSetup, server: TritonServer) -> dict[str, ClientSpec]:
@@ -1071,6 +1079,8 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         print(f"bench: {placement.describe()}", file=sys.stderr)
     prompts = build_prompts(setup.tokenizer)
     levels = levels_for(args)
+    if args.profile:
+        profiled_level(levels, args.profile_level)  # a --profile-level the run does not measure: refused now
     paths = list(args.paths) + [f"extra:{n}" for n in args.extra_model]
     paths += [f"extra-stream:{n}" for n in args.extra_stream_model]
     total = sum(level["requests"] for level in levels) * args.reps * len(paths)

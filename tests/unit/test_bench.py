@@ -261,10 +261,11 @@ def test_a_level_spreads_over_client_processes_evenly_and_completely():
     assert sum(split(513, 4)) == 513
 
 
-def test_py_spy_records_the_named_level_or_else_the_largest():
+def test_py_spy_records_the_named_level_or_the_largest_and_refuses_one_not_measured():
     levels = [{"concurrency": c, "max_tokens": m} for m in (64, 256) for c in (1, 64, 256)]
     assert profiled_level(levels, profile_level_argument("64x64")) == {"concurrency": 64, "max_tokens": 64}
     assert profiled_level(levels, None) == {"concurrency": 256, "max_tokens": 256}
-    assert profiled_level(levels, (16, 64)) == {"concurrency": 256, "max_tokens": 256}  # not a level of this run
+    with pytest.raises(SystemExit, match="16x64 is not one of this run's levels"):
+        profiled_level(levels, (16, 64))
     with pytest.raises(Exception, match="STREAMSxTOKENS"):
         profile_level_argument("64")
