@@ -14,7 +14,9 @@ Paths:
   vllm-serve-stream   the same, streamed (gives TTFT)
   plain-grpc    our plain-infer ensemble, gRPC ModelInfer (tritonclient.grpc.aio)
   plain-http    our plain-infer ensemble, HTTP /generate (aiohttp)
-  stream-grpc   our streaming ensemble, gRPC bidirectional stream (gives TTFT)
+  stream-grpc   our streaming ensemble, gRPC bidirectional streams (gives TTFT): one per concurrent slot, reused by
+                its requests, as perf_analyzer and the vLLM backend's own client do
+  stream-grpc-per-request   the same with a new gRPC stream for every request
   vllm-backend-stream   the Triton vLLM backend in the same server (needs --vllm-backend), gRPC stream
   --extra-model NAME          another model of the same server with the vLLM backend's tensors, gRPC infer
   --extra-stream-model NAME   another decoupled model of the same server, gRPC stream (path extra-stream:NAME)
@@ -108,8 +110,8 @@ from tools.triton_server import (  # noqa: E402
 # The default (CPU) deployment's engine args get these: room for 400-token prompts + 256 new tokens at
 # concurrency 256. A --deployment file is taken as it is.
 BENCH_ENGINE_OVERRIDES = {"max_model_len": 1024, "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 256}
-STREAMED_PATHS = ("bare-stream", "vllm-serve-stream", "stream-grpc", "vllm-backend-stream")
-TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "vllm-backend-stream")
+STREAMED_PATHS = ("bare-stream", "vllm-serve-stream", "stream-grpc", "stream-grpc-per-request", "vllm-backend-stream")
+TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "stream-grpc-per-request", "vllm-backend-stream")
 VLLM_BACKEND_MODEL = "vllm_backend"
 CORE_STATS_SECONDS = 0.5  # --profile: how often the core logs its counters (short: a level lasts seconds)
 
@@ -1045,6 +1047,7 @@ def triton_client_specs(paths: list[str], setup: BenchSetup, server: TritonServe
         "plain-grpc": ClientSpec("grpc-infer", grpc, setup.plain),
         "plain-http": ClientSpec("http-generate", http, setup.plain),
         "stream-grpc": ClientSpec("grpc-stream", grpc, setup.streaming),
+        "stream-grpc-per-request": ClientSpec("grpc-stream-per-request", grpc, setup.streaming),
         "vllm-backend-stream": ClientSpec("grpc-stream", grpc, VLLM_BACKEND_MODEL),
     }
     specs = {}

@@ -53,22 +53,114 @@ Send = Callable[[Prompt, int], Awaitable[Sample]]
 # Clients of the Triton paths ------------------------------------------------------------------------------
 
 
-def _triton_inputs(module: Any, text: str, max_tokens: int, stream: bool) -> list[Any]:
+def _input_arrays(text: str, max_tokens: int, stream: bool) -> list[tuple[str, Any, str]]:
     import numpy as np
 
     sampling = json.dumps({"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
-    arrays = [
+    return [
         ("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
         ("sampling_parameters", np.array([sampling.encode()], dtype=np.object_), "BYTES"),
         ("stream", np.array([stream]), "BOOL"),
         ("exclude_input_in_output", np.array([True]), "BOOL"),
     ]
+
+
+def _triton_inputs(module: Any, text: str, max_tokens: int, stream: bool) -> list[Any]:
     inputs = []
-    for name, array, dtype in arrays:
+    for name, array, dtype in _input_arrays(text, max_tokens, stream):
         tensor = module.InferInput(name, list(array.shape), dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def _stream_request(model: str, text: str, max_tokens: int) -> Any:
+    """A ModelInferRequest for a long-lived stream, asking for the empty final response that marks its end.
+
+    tritonclient's asyncio client has no way to ask for it (the parameter is reserved, and only its threaded client
+    sets it), so the request is built from Triton's public protobuf messages.
+    """
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import serialize_byte_tensor
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    for name, array, dtype in _input_arrays(text, max_tokens, True):
+        request.inputs.add(name=name, datatype=dtype, shape=list(array.shape))
+        content = serialize_byte_tensor(array).item() if dtype == "BYTES" else array.tobytes()
+        request.raw_input_contents.append(content)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request
+
+
+class _LongLivedStream:
+    """One gRPC bidirectional stream that carries one request after another, as perf_analyzer's and the vLLM
+    backend's own streaming clients do: a request goes in, its responses are read up to the final one."""
+
+    def __init__(self, stub: Any) -> None:
+        self._requests: asyncio.Queue[Any] = asyncio.Queue()
+        self._call = stub.ModelStreamInfer(self._feed())
+
+    async def _feed(self) -> Any:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    async def run(self, request: Any, start: float) -> float | None:
+        """Send `request` and read its responses; returns the time to its first output from `start`."""
+        import grpc
+
+        self._requests.put_nowait(request)
+        ttft = None
+        while True:
+            message = await self._call.read()
+            if message is grpc.aio.EOF:
+                raise RuntimeError("the server ended the stream before the request's final response")
+            if message.error_message:
+                raise RuntimeError(message.error_message)
+            response = message.infer_response
+            if ttft is None and response.outputs:
+                ttft = time.perf_counter() - start
+            if response.parameters["triton_final_response"].bool_param:
+                return ttft
+
+    def close(self) -> None:
+        self._requests.put_nowait(None)  # half-closes the stream; the channel's close ends it
+        self._call.cancel()
+
+
+class StreamPool:
+    """Streams that outlive their requests: a request takes an idle stream (or opens one) and gives it back after its
+    final response, so a level of N concurrent requests keeps N streams open over all its requests."""
+
+    def __init__(self, spec: ClientSpec) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        self.model = spec.model
+        self._channel = grpc.aio.insecure_channel(spec.address)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._idle: list[_LongLivedStream] = []
+        self.opened: list[_LongLivedStream] = []
+
+    async def send(self, prompt: Prompt, max_tokens: int) -> Sample:
+        request = _stream_request(self.model, prompt.text, max_tokens)
+        if self._idle:
+            stream = self._idle.pop()
+        else:
+            stream = _LongLivedStream(self._stub)
+            self.opened.append(stream)
+        start = time.perf_counter()
+        try:
+            ttft = await stream.run(request, start)
+        except BaseException:
+            stream.close()  # its state is unknown after an error: never reused
+            raise
+        self._idle.append(stream)
+        return Sample(time.perf_counter() - start, ttft, max_tokens)
+
+    async def close(self) -> None:
+        for stream in self.opened:
+            stream.close()
+        await self._channel.close()
 
 
 async def _grpc_client(spec: ClientSpec, stream: bool) -> tuple[Send, Callable[[], Awaitable[None]]]:
@@ -151,13 +243,17 @@ async def _http_client(spec: ClientSpec, kind: str) -> tuple[Send, Callable[[], 
     return (generate if kind == "http-generate" else completions), session.close
 
 
-CLIENT_KINDS = ("grpc-infer", "grpc-stream", "http-generate", "openai", "openai-stream")
+# grpc-stream: a stream per concurrent slot, reused by its requests; grpc-stream-per-request: a new stream each
+CLIENT_KINDS = ("grpc-infer", "grpc-stream", "grpc-stream-per-request", "http-generate", "openai", "openai-stream")
 
 
 async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[None]]]:
     """The send function of a path's client, and how to close it."""
-    if spec.kind in ("grpc-infer", "grpc-stream"):
-        return await _grpc_client(spec, spec.kind == "grpc-stream")
+    if spec.kind == "grpc-stream":
+        pool = StreamPool(spec)
+        return pool.send, pool.close
+    if spec.kind in ("grpc-infer", "grpc-stream-per-request"):
+        return await _grpc_client(spec, spec.kind == "grpc-stream-per-request")
     if spec.kind in ("http-generate", "openai", "openai-stream"):
         return await _http_client(spec, spec.kind)
     raise ValueError(f"unknown client kind {spec.kind!r}; one of {', '.join(CLIENT_KINDS)}")

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL
-from tools.bench_clients import ClientSpec, Prompt, open_runner
+from tools.bench_clients import ClientSpec, Prompt, StreamPool, open_runner, run_level
 
 pytestmark = pytest.mark.server
 
@@ -47,3 +47,31 @@ def test_plain_level_over_client_processes(server, kind: str):
 def test_a_failing_request_in_a_client_process_fails_the_level(server):
     with pytest.raises(RuntimeError, match="client process"):
         asyncio.run(_level(ClientSpec("grpc-infer", server.grpc_url, "no_such_model"), 2, 2, 2))
+
+
+def test_streamed_level_with_a_stream_per_request(server):
+    spec = ClientSpec("grpc-stream-per-request", server.grpc_url, STREAM_MODEL)
+    run = asyncio.run(_level(spec, 1, 3, 7))
+    assert len(run.samples) == 7
+    assert all(s.ttft is not None and 0 < s.ttft <= s.latency for s in run.samples)
+
+
+def test_long_lived_streams_carry_many_requests_and_drop_a_failed_one(server):
+    async def scenario():
+        pool = StreamPool(ClientSpec("grpc-stream", server.grpc_url, STREAM_MODEL))
+        try:
+            samples, _ = await run_level(pool.send, PROMPTS, 3, 12, MAX_TOKENS)
+            opened = len(pool.opened)
+            with pytest.raises(RuntimeError, match="max_tokens"):  # refused by preprocess: an error response
+                await pool.send(PROMPTS[0], -1)
+            # Three at once after the error: two idle streams are left, so one more is opened.
+            after_error = await asyncio.gather(*(pool.send(PROMPTS[1], MAX_TOKENS) for _ in range(3)))
+            return samples, opened, after_error, len(pool.opened)
+        finally:
+            await pool.close()
+
+    samples, opened, after_error, opened_in_the_end = asyncio.run(scenario())
+    assert len(samples) == 12 and all(s.ttft is not None for s in samples)
+    assert opened == 3  # one stream per concurrent request, each reused over the 12 requests
+    assert all(s.ttft is not None and s.output_tokens == MAX_TOKENS for s in after_error)
+    assert opened_in_the_end == 4  # the stream that carried the error was dropped, not reused
