@@ -69,7 +69,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,31 @@ VLLM_BACKEND_MODEL = "vllm_backend"
 CORE_STATS_SECONDS = 0.5  # --profile: how often the core logs its counters (short: a level lasts seconds)
 
 
+# The client each path is measured with: a kind of tools/bench_clients.py, or the bare engine's own in this process.
+# Every run records it, and --merge refuses to add runs of a path to a file whose runs of it used another client. A
+# client that changes how it measures gets a new kind name (before ad62c4b, grpc-stream opened a stream per request;
+# runs of that time record no client).
+PATH_CLIENTS = {
+    "bare": "in-process",
+    "bare-stream": "in-process",
+    "vllm-serve": "openai",
+    "vllm-serve-stream": "openai-stream",
+    "plain-grpc": "grpc-infer",
+    "plain-http": "http-generate",
+    "stream-grpc": "grpc-stream",
+    "stream-grpc-per-request": "grpc-stream-per-request",
+    "vllm-backend-stream": "grpc-stream",
+}
+
+
+def client_of(path: str) -> str:
+    if path.startswith("extra:"):
+        return "grpc-infer"
+    if path.startswith("extra-stream:"):
+        return "grpc-stream"
+    return PATH_CLIENTS[path]
+
+
 def is_streamed(path: str) -> bool:
     return path in STREAMED_PATHS or path.startswith("extra-stream:")
 
@@ -150,6 +175,8 @@ class LevelResult:
     # "command.repetition" of the results file: runs of the same round were measured in one command's same
     # repetition, so their ratio is paired (with --interleave, seconds apart)
     round_id: str = ""
+    # the client it was measured with (PATH_CLIENTS); None in results written before clients were recorded
+    client: str | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -615,10 +642,7 @@ class VllmServeGroup(ServedGroup):
             EnginePlacement(self.setup.engine_cpus).apply(self.serve.process.pid)
         self.pgid = self.serve.process.pid
         address = f"127.0.0.1:{self.serve.port}"
-        return {
-            path: ClientSpec("openai-stream" if is_streamed(path) else "openai", address, SERVE_MODEL_NAME)
-            for path in self.paths
-        }
+        return {path: ClientSpec(client_of(path), address, SERVE_MODEL_NAME) for path in self.paths}
 
     async def close_server(self) -> None:
         await self.serve.stop()
@@ -727,10 +751,20 @@ class ResultsFile:
     crashed server keeps what it measured, and a later `--merge` command goes on from there. With `merge`, the
     runs already in the file stay and this command's repetitions continue their numbering per path."""
 
-    def __init__(self, path: Path, merge: bool, command: str, deployment: str) -> None:
+    def __init__(self, path: Path, merge: bool, command: str, deployment: str, paths: Collection[str] = ()) -> None:
         self.path = path
         earlier = json.loads(path.read_text()) if merge and path.exists() else {}
         self.earlier = _runs_of(earlier)
+        for measured in paths:  # the paths this command will measure: one client per path and file
+            others = sorted(
+                {str(r.client) for r in self.earlier if r.path == measured and r.client != client_of(measured)}
+            )
+            if others:
+                raise SystemExit(
+                    f"bench: --merge: {path} holds runs of {measured} measured with client {', '.join(others)}"
+                    f" (None: not recorded, an older bench), this command's is {client_of(measured)}; write to"
+                    " another --out"
+                )
         earlier_commands = earlier.get("commands", []) if self.earlier else []
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.commands = [*earlier_commands, {"command": command, "started": started}]
@@ -738,6 +772,7 @@ class ResultsFile:
         self.results: list[LevelResult] = []
 
     def add(self, result: LevelResult) -> None:
+        result.client = client_of(result.path)
         result.round_id = f"{len(self.commands) - 1}.{result.rep}"
         result.rep += 1 + max((r.rep for r in self.earlier if r.path == result.path), default=-1)
         self.results.append(result)
@@ -1042,23 +1077,37 @@ def profiled_level(levels: list[dict[str, Any]], chosen: tuple[int, int] | None 
 
 
 def triton_client_specs(paths: list[str], setup: BenchSetup, server: TritonServer) -> dict[str, ClientSpec]:
-    grpc, http = server.grpc_url, server.http_url
-    known = {
-        "plain-grpc": ClientSpec("grpc-infer", grpc, setup.plain),
-        "plain-http": ClientSpec("http-generate", http, setup.plain),
-        "stream-grpc": ClientSpec("grpc-stream", grpc, setup.streaming),
-        "stream-grpc-per-request": ClientSpec("grpc-stream-per-request", grpc, setup.streaming),
-        "vllm-backend-stream": ClientSpec("grpc-stream", grpc, VLLM_BACKEND_MODEL),
+    models = {
+        "plain-grpc": setup.plain,
+        "plain-http": setup.plain,
+        "stream-grpc": setup.streaming,
+        "stream-grpc-per-request": setup.streaming,
+        "vllm-backend-stream": VLLM_BACKEND_MODEL,
     }
     specs = {}
     for path in paths:
-        if path.startswith("extra:"):
-            specs[path] = ClientSpec("grpc-infer", grpc, path.removeprefix("extra:"))
-        elif path.startswith("extra-stream:"):
-            specs[path] = ClientSpec("grpc-stream", grpc, path.removeprefix("extra-stream:"))
-        else:
-            specs[path] = known[path]
+        kind = client_of(path)
+        model = models[path] if path in models else path.split(":", 1)[1]  # extra:NAME, extra-stream:NAME
+        specs[path] = ClientSpec(kind, server.http_url if kind.startswith("http") else server.grpc_url, model)
     return specs
+
+
+def path_list(text: str) -> list[str]:
+    """--paths: comma-separated names of PATH_CLIENTS; an unknown one is refused (no group would measure it)."""
+    paths = [p for p in text.split(",") if p]
+    unknown = [p for p in paths if p not in PATH_CLIENTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown path {', '.join(unknown)}; one of {', '.join(PATH_CLIENTS)}")
+    return paths
+
+
+def measured_paths(args: argparse.Namespace) -> list[str]:
+    """--paths, then the paths of --extra-model and --extra-stream-model."""
+    return [
+        *args.paths,
+        *(f"extra:{n}" for n in args.extra_model),
+        *(f"extra-stream:{n}" for n in args.extra_stream_model),
+    ]
 
 
 async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], None]) -> None:
@@ -1084,8 +1133,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
     levels = levels_for(args)
     if args.profile:
         profiled_level(levels, args.profile_level)  # a --profile-level the run does not measure: refused now
-    paths = list(args.paths) + [f"extra:{n}" for n in args.extra_model]
-    paths += [f"extra-stream:{n}" for n in args.extra_stream_model]
+    paths = measured_paths(args)
     total = sum(level["requests"] for level in levels) * args.reps * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
@@ -1143,7 +1191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every level, inside one engine start")
     parser.add_argument(
         "--paths",
-        type=lambda s: [p for p in s.split(",") if p],
+        type=path_list,
         default=["bare", "vllm-serve", "plain-grpc", "plain-http", "stream-grpc"],
     )
     parser.add_argument("--extra-model", action="append", default=[])
@@ -1204,6 +1252,7 @@ def main(argv: list[str] | None = None) -> int:
         merge=args.merge,
         command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         deployment=str(args.deployment or "deployments/default.yaml + BENCH_ENGINE_OVERRIDES"),
+        paths=measured_paths(args),
     )
     stopped: BaseException | None = None
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.background_load)]

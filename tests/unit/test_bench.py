@@ -220,6 +220,52 @@ def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_aft
     assert [(r.path, r.rep) for r in load_runs(target)] == [("bare", 0)]
 
 
+def test_merging_refuses_runs_of_a_path_measured_with_another_client(tmp_path: Path):
+    from dataclasses import asdict
+
+    target = tmp_path / "results.json"
+    ResultsFile(target, merge=True, command="first", deployment="d.yaml").add(_run("stream-grpc", 100))
+    assert [r.client for r in load_runs(target)] == ["grpc-stream"]
+    # the same client: merged; a path measured with a stream per request is another client
+    ResultsFile(target, merge=True, command="second", deployment="d.yaml", paths=["stream-grpc", "bare"])
+    ResultsFile(target, merge=True, command="third", deployment="d.yaml", paths=["stream-grpc-per-request"])
+    # runs written before clients were recorded (stream-grpc then opened a stream per request)
+    older = asdict(_run("stream-grpc", 100)) | {"client": None}
+    target.write_text(json.dumps({"runs": [older, asdict(_run("bare", 100)) | {"client": "in-process"}]}))
+    with pytest.raises(SystemExit, match="stream-grpc measured with client None .* this command's is grpc-stream"):
+        ResultsFile(target, merge=True, command="fourth", deployment="d.yaml", paths=["bare", "stream-grpc"])
+    ResultsFile(target, merge=True, command="fifth", deployment="d.yaml", paths=["bare"])  # bare's client is the same
+    ResultsFile(target, merge=False, command="sixth", deployment="d.yaml", paths=["stream-grpc"])  # starts over
+
+
+def test_each_triton_path_gets_its_client_address_and_model():
+    from types import SimpleNamespace
+
+    from tools.bench import triton_client_specs
+    from tools.bench_clients import ClientSpec
+
+    setup = SimpleNamespace(plain="vllm_model", streaming="vllm_model_stream")
+    server = SimpleNamespace(grpc_url="h:8001", http_url="h:8000")
+    paths = ["plain-grpc", "plain-http", "stream-grpc", "stream-grpc-per-request", "extra:m1", "extra-stream:m2"]
+    assert triton_client_specs(paths, setup, server) == {
+        "plain-grpc": ClientSpec("grpc-infer", "h:8001", "vllm_model"),
+        "plain-http": ClientSpec("http-generate", "h:8000", "vllm_model"),
+        "stream-grpc": ClientSpec("grpc-stream", "h:8001", "vllm_model_stream"),
+        "stream-grpc-per-request": ClientSpec("grpc-stream-per-request", "h:8001", "vllm_model_stream"),
+        "extra:m1": ClientSpec("grpc-infer", "h:8001", "m1"),
+        "extra-stream:m2": ClientSpec("grpc-stream", "h:8001", "m2"),
+    }
+
+
+def test_an_unknown_path_is_refused_before_anything_starts(tmp_path: Path, capsys):
+    import tools.bench as bench
+
+    with pytest.raises(SystemExit):
+        bench.main(["--paths", "bare,stream-grcp", "--out", str(tmp_path)])
+    assert "unknown path stream-grcp" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_a_run_that_dies_midway_keeps_its_levels_and_exits_non_zero(tmp_path: Path, monkeypatch, capsys):
     import tools.bench as bench
 
