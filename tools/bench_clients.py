@@ -123,8 +123,8 @@ class _LongLivedStream:
                 return ttft
 
     def close(self) -> None:
-        self._requests.put_nowait(None)  # half-closes the stream; the channel's close ends it
-        self._call.cancel()
+        self._requests.put_nowait(None)  # ends the request feed (a half-close)
+        self._call.cancel()  # and the call itself, whatever the server still had to send
 
 
 class StreamPool:
