@@ -15,6 +15,10 @@ from typing import Annotated, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SETTINGS_FILE = "settings.json"
+# A stage model's class and settings (next to its model.py), and those of the stages an entry model or the core
+# runs in-process: {"preprocess": ..., "postprocess": ...}, each entry as in stage.json.
+STAGE_FILE = "stage.json"
+STAGES_FILE = "stages.json"
 
 
 class Settings(BaseModel):
@@ -55,6 +59,11 @@ class CoreProcessSettings(Settings):
     # EngineCore, as `vllm serve --api-server-count` (core/front_ends.py): intake, output handling and sending
     # spread over this many interpreters. 1: one process does all of it.
     front_ends: int = Field(1, ge=1, le=16)
+    # The streaming ensemble's postprocess stage runs in the core's sender threads (in-process, the same class and
+    # settings as the postprocess model) instead of as its own Triton model: one Python-backend round trip less
+    # per streamed delta. The core then takes one request per execute: its outputs are the ensemble's public,
+    # unbatched outputs, which a batching model cannot produce.
+    postprocess_in_sender: bool = False
 
 
 class CoreSettings(Settings):

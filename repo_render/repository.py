@@ -9,7 +9,15 @@ from typing import Any
 
 from core import interface as tensors
 from core import vllm_defaults
-from core.settings import SETTINGS_FILE, CoreSettings, EntrySettings, GenerateSettings, Settings
+from core.settings import (
+    SETTINGS_FILE,
+    STAGE_FILE,
+    STAGES_FILE,
+    CoreSettings,
+    EntrySettings,
+    GenerateSettings,
+    Settings,
+)
 from repo_render.pbtxt import HEADER, _ensemble, _python_model, _step
 from repo_render.schema import BUILTIN_STAGES, BUILTIN_STAGES_PATHS, ROOT, ConfigError, Deployment
 from repo_render.stages import check_wiring, code_dirs, load_stage, stage_path
@@ -111,7 +119,7 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     # puts on sys.path: pointing at the folders, not copying them, keeps the code editable where it is and the
     # repository text-only, as with the model.
     code_paths = [_repo_path(folder, out, relative_paths) for folder in folders]
-    files[f"{names.preprocess}/1/stage.json"] = _json(
+    files[f"{names.preprocess}/1/{STAGE_FILE}"] = _json(
         _stage_spec(stage_path("preprocess", deployment.preprocess.cls), pre_settings, code_paths)
     )
 
@@ -127,14 +135,18 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         preserve_ordering=deployment.postprocess.instances > 1,
     )
     files[f"{names.postprocess}/1/model.py"] = _model_py("StageModel", "the postprocess stage")
-    files[f"{names.postprocess}/1/stage.json"] = _json(
+    files[f"{names.postprocess}/1/{STAGE_FILE}"] = _json(
         _stage_spec(stage_path("postprocess", deployment.postprocess.cls), post_settings, code_paths)
     )
 
     core_io = ((tensors.ENGINE_REQUEST,), (tensors.ENGINE_RESPONSE,))
+    # core.postprocess_in_sender: the core also gives the postprocess stage's outputs, which the streaming ensemble
+    # asks for (BLS callers ask for ENGINE_RESPONSE); they are the ensemble's public, unbatched outputs.
+    in_sender = deployment.core.postprocess_in_sender
     files[f"{names.core}/config.pbtxt"] = _python_model(
         names.core,
-        *core_io,
+        core_io[0],
+        core_io[1] + (post_cls.outputs if in_sender else ()),
         # One engine, which spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend; its
         # front ends (core/front_ends.py) are the instances.
         deployment.core.front_ends,
@@ -142,8 +154,11 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         decoupled=True,
         # Requests that arrive together enter the core in one execute (~1 ms round trip each on an H100 host;
         # a burst of 256 streams waited up to ~250 ms for it): docs/performance-gpu.md.
-        max_batch_size=INTAKE_MAX_BATCH_SIZE,
+        max_batch_size=0 if in_sender else INTAKE_MAX_BATCH_SIZE,
     )
+    if in_sender:  # the same class and settings as the postprocess model's stage.json
+        stages = {"postprocess": json.loads(files[f"{names.postprocess}/1/{STAGE_FILE}"])}
+        files[f"{names.core}/1/{STAGES_FILE}"] = _json(stages)
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
     files[f"{names.core}/1/model.json"] = _json(engine_args)
     files[f"{names.core}/1/{SETTINGS_FILE}"] = _settings(core_settings(deployment))
@@ -166,8 +181,8 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     if deployment.entry == "bls":
         # The same classes and settings as the stage models' stage.json (one derivation, above).
         stages = {
-            "preprocess": json.loads(files[f"{names.preprocess}/1/stage.json"]),
-            "postprocess": json.loads(files[f"{names.postprocess}/1/stage.json"]),
+            "preprocess": json.loads(files[f"{names.preprocess}/1/{STAGE_FILE}"]),
+            "postprocess": json.loads(files[f"{names.postprocess}/1/{STAGE_FILE}"]),
         }
         for entry, stream in ((names.plain, False), (names.streaming, True)):
             files[f"{entry}/config.pbtxt"] = _python_model(
@@ -180,18 +195,21 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
             )
             files[f"{entry}/1/{SETTINGS_FILE}"] = _settings(EntrySettings(**dict(generate), stream=stream))
             files[f"{entry}/1/model.py"] = _model_py("EntryModel", "a public entry (stages in-process, core by BLS)")
-            files[f"{entry}/1/stages.json"] = _json(stages)
+            files[f"{entry}/1/{STAGES_FILE}"] = _json(stages)
         return dict(sorted(files.items()))
 
     request, response = "_" + tensors.ENGINE_REQUEST.name, "_" + tensors.ENGINE_RESPONSE.name
     public_in = {t.name: t.name for t in pre_cls.inputs}
     public_out = {t.name: t.name for t in post_cls.outputs}
     for ensemble, middle in ((names.plain, names.generate), (names.streaming, names.core)):
-        steps = [
-            _step(names.preprocess, public_in, {tensors.ENGINE_REQUEST.name: request}),
-            _step(middle, {tensors.ENGINE_REQUEST.name: request}, {tensors.ENGINE_RESPONSE.name: response}),
-            _step(names.postprocess, {tensors.ENGINE_RESPONSE.name: response}, public_out),
-        ]
+        steps = [_step(names.preprocess, public_in, {tensors.ENGINE_REQUEST.name: request})]
+        if in_sender and middle == names.core:
+            steps.append(_step(middle, {tensors.ENGINE_REQUEST.name: request}, public_out))
+        else:
+            steps += [
+                _step(middle, {tensors.ENGINE_REQUEST.name: request}, {tensors.ENGINE_RESPONSE.name: response}),
+                _step(names.postprocess, {tensors.ENGINE_RESPONSE.name: response}, public_out),
+            ]
         files[f"{ensemble}/config.pbtxt"] = _ensemble(ensemble, pre_cls.inputs, post_cls.outputs, steps)
         files[f"{ensemble}/1/.keep"] = ""  # Triton needs a version folder, also for an ensemble
     return dict(sorted(files.items()))

@@ -3,8 +3,8 @@ same model, engine args and engine environment (those of one deployment file).
 
     .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
-        [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge] [--interleave] [--profile]
-        [--quick]
+        [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge]
+        [--interleave] [--profile] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--out .bench]
 
 Paths:
@@ -24,6 +24,10 @@ Paths:
 --deployment FILE (default: deployments/default.yaml with BENCH_ENGINE_OVERRIDES, the CPU set-up) is rendered
 as it is (engine args, engine_env, instance counts, stream pacing, entry kind); the bare and `vllm serve` paths
 get the same engine args and environment, and the prompts come from the deployment's tokenizer.
+--also-deployment FILE: another deployment rendered into the same repository (its model names must differ, e.g.
+`names:` with a prefix), so a variant is measured in the same server, level by level beside the first:
+`--extra-model` / `--extra-stream-model` with its public names. Its engine args should be the deployment's (the bare
+and `vllm serve` paths run those of --deployment).
 --vllm-backend DIR: the `src/` folder of a checkout of triton-inference-server/vllm_backend; its model is added to
 the rendered repository as `vllm_backend` (same engine args), so it is measured in the same server.
 
@@ -69,7 +73,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -683,8 +687,11 @@ class BenchSetup:
     engine_cpus: list[int] = field(default_factory=list)  # the deployment's core.engine_cpus
 
 
-def bench_repository(out: Path, deployment_file: Path | None, variables: dict[str, str]) -> BenchSetup:
-    """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given)."""
+def bench_repository(
+    out: Path, deployment_file: Path | None, variables: dict[str, str], also: Sequence[Path] = ()
+) -> BenchSetup:
+    """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given), and
+    the `also` deployments next to it (--also-deployment: their model names must differ from its)."""
     from core.engine_config import load_engine_args
     from repo_render import DEFAULT_CONFIG, load_deployment, render, write
 
@@ -693,7 +700,14 @@ def bench_repository(out: Path, deployment_file: Path | None, variables: dict[st
         build_tiny_model(TINY_MODEL)
         deployment.engine_args = {**deployment.engine_args, **BENCH_ENGINE_OVERRIDES}
     repo = out / "repo"
-    write(render(deployment, repo), repo)
+    files = render(deployment, repo)
+    for extra in also:
+        rendered = render(load_deployment(extra, variables), repo)
+        shared = sorted({name.split("/")[0] for name in set(rendered) & set(files)})
+        if shared:
+            raise SystemExit(f"bench: --also-deployment {extra} has models of the same names: {', '.join(shared)}")
+        files.update(rendered)
+    write(files, repo)
     engine_args = load_engine_args(repo / deployment.names.core / "1" / "model.json")
     return BenchSetup(
         repo,
@@ -1115,7 +1129,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    setup = bench_repository(out, args.deployment, args.variables)
+    setup = bench_repository(out, args.deployment, args.variables, args.also_deployment)
     if args.vllm_backend is not None:
         add_vllm_backend(setup, args.vllm_backend)
     elif "vllm-backend-stream" in args.paths:
@@ -1193,6 +1207,14 @@ def main(argv: list[str] | None = None) -> int:
         "--paths",
         type=path_list,
         default=["bare", "vllm-serve", "plain-grpc", "plain-http", "stream-grpc"],
+    )
+    parser.add_argument(
+        "--also-deployment",
+        action="append",
+        default=[],
+        type=Path,
+        help="another deployment file rendered into the same server (its own model names); measure its models with"
+        " --extra-model / --extra-stream-model",
     )
     parser.add_argument("--extra-model", action="append", default=[])
     parser.add_argument("--extra-stream-model", action="append", default=[])

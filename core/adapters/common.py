@@ -17,10 +17,8 @@ from core.interface import ENGINE_RESPONSE, InvalidInput, TensorSpec, Unavailabl
 from core.interface import document_tensor as interface_document_tensor
 from core.stage import load_stage_class
 
-STAGE_FILE = "stage.json"
 LORA_FILE = "multi_lora.json"
 STAGE_PATH_KEYS = ("tokenizer", "chat_template_file")
-ENTRY_STAGES_FILE = "stages.json"
 # Request parameters between an entry model and the core (docs/platform-notes.md T5: on Triton 2.51 a client's cancel
 # does not reach a BLS child, so the entry model, which does see it, aborts its core request by key).
 CANCEL_KEY_PARAMETER = "cancel_key"
@@ -99,6 +97,8 @@ class GuardedSender:
         self._lock = threading.Lock()
         self.closed = False
         self.tagged = False  # the caller is a BLS model: error codes go into the message (see child_error)
+        # The core runs the postprocess stage for this request, with these request parameters (None: it does not)
+        self.stage_parameters: dict[str, Any] | None = None
 
     def send(self, response: Any = None, flags: int = 0) -> None:
         with self._lock:
@@ -131,3 +131,29 @@ def load_stage_from_spec(spec: dict[str, Any], repository_root: Path) -> type:
     model.json's paths)."""
     folders = [resolve_path(p, repository_root) for p in spec.get("code_paths", [])]
     return load_stage_class(spec["class"], folders)
+
+
+class LoadedStage:
+    """A stage (core/stage.py) built from its stage.json entry, run on Triton tensors: the stage models, the entry
+    models and the core (core.postprocess_in_sender) all run their stages through this."""
+
+    def __init__(self, spec: dict[str, Any], repository_root: Path) -> None:
+        stage_class = load_stage_from_spec(spec, repository_root)
+        self.stage = stage_class(resolve_paths(spec.get("settings", {}), repository_root, STAGE_PATH_KEYS))
+        self.input_names = [t.name for t in stage_class.inputs]
+        self.output_types = {t.name: t.numpy_dtype for t in stage_class.outputs}
+
+    def inputs_of(self, request: Any) -> dict[str, np.ndarray]:
+        """The stage's inputs that a Triton request carries."""
+        inputs = {}
+        for name in self.input_names:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        return inputs
+
+    def run(self, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
+        """The stage's outputs as Triton tensors, of the types its config declares."""
+        outputs = self.stage.process(inputs, parameters)
+        types = self.output_types
+        return [pb_utils.Tensor(name, np.asarray(value, dtype=types[name])) for name, value in outputs.items()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import queue
 import sys
@@ -20,6 +21,7 @@ from core.adapters.common import (
     CODE_TAG_PARAMETER,
     LORA_FILE,
     GuardedSender,
+    LoadedStage,
     document_tensor,
     lora_adapters,
     never_cancelled,
@@ -36,10 +38,11 @@ from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
 from core.engine_lags import EngineLags
 from core.front_ends import front_end
 from core.gc_heap import freeze_startup_heap
-from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput
+from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
+from core.interface import document_tensor as document_array
 from core.metrics import GaugeClock, StatsSink, profiled_engine_args, stat_logger_factory
 from core.protocol import EngineResponse, decode_request, encode_response
-from core.settings import CoreSettings, load_settings
+from core.settings import STAGES_FILE, CoreSettings, load_settings
 from core.step_stats import EngineSteps
 
 
@@ -108,6 +111,11 @@ class CoreModel:
             # the switch interval while the engine loop computes. Set after the engine started: a forked
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
             sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
+        # core.postprocess_in_sender: the postprocess stage, run here for the requests of the streaming ensemble
+        self.postprocess: LoadedStage | None = None
+        if settings.core.postprocess_in_sender:
+            spec = json.loads((model_dir / STAGES_FILE).read_text())
+            self.postprocess = LoadedStage(spec["postprocess"], Path(args["model_repository"]).parent)
         self.stats = CoreStats.from_environment(self.logger, steps, lags, fe.describe() if fe else "")
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
             queue.SimpleQueue() for _ in range(settings.core.sender_threads)
@@ -150,14 +158,17 @@ class CoreModel:
                 self._send(item)
 
     def _send(self, item: Outgoing) -> None:
+        if item.sender.closed:
+            return  # its FINAL went already: the postprocess stage failed on an earlier response (see _response)
         try:
             if item.error is not None:
                 response = pb_utils.InferenceResponse(error=triton_error(item.error, item.sender.tagged))
             elif item.response is not None:
-                tensor = document_tensor(ENGINE_RESPONSE, encode_response(item.response))
-                response = pb_utils.InferenceResponse(output_tensors=[tensor])
+                response = self._response(item)
             else:
                 response = None
+            if response is None and item.sender.closed:
+                return
             start = time.perf_counter()
             try:
                 item.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if item.final else 0)
@@ -167,9 +178,26 @@ class CoreModel:
         except Exception:  # noqa: BLE001 - e.g. the client is gone; the others must go on
             self.logger.log_warn(f"vllm_core: sending a response failed: {traceback.format_exc()}")
 
+    def _response(self, item: Outgoing) -> Any:
+        """One engine response as the caller asked for it: the engine response, or the postprocess stage's public
+        outputs (core.postprocess_in_sender). A stage that fails ends the request with its error."""
+        document = encode_response(item.response)
+        if item.sender.stage_parameters is None:
+            return pb_utils.InferenceResponse(output_tensors=[document_tensor(ENGINE_RESPONSE, document)])
+        try:
+            inputs = {ENGINE_RESPONSE.name: document_array(ENGINE_RESPONSE, document)}
+            return pb_utils.InferenceResponse(output_tensors=self.postprocess.run(inputs, item.sender.stage_parameters))
+        except Exception as exc:  # noqa: BLE001 - this request's error; the others go on
+            if not isinstance(exc, (InvalidInput, Unavailable)):
+                self.logger.log_error(f"vllm_core: postprocess failed: {traceback.format_exc()}")
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            item.sender.send(pb_utils.InferenceResponse(error=triton_error(exc)), flags=final)
+            return None
+
     def execute(self, requests: list[Any]) -> None:
         # Each execute is a ~1 ms round trip between tritonserver and this stub whatever it does (measured on the
-        # H100, docs/performance-gpu.md): the rendered config batches, so requests that arrive together come in one.
+        # H100, docs/performance-gpu.md): the rendered config batches, so requests that arrive together come in one
+        # (not with core.postprocess_in_sender, whose outputs are unbatched).
         if self.stats is not None:
             self.stats.executed(len(requests))
         for request in requests:
@@ -184,6 +212,9 @@ class CoreModel:
         parameters = request_parameters(request)
         # A BLS caller (an entry model or generate) gets error codes in the message (see child_error)
         sender.tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
+        # The streaming ensemble's step asks for the postprocess stage's outputs, a BLS caller for ENGINE_RESPONSE.
+        if self.postprocess is not None and ENGINE_RESPONSE.name not in request.requested_output_names():
+            sender.stage_parameters = parameters
         if ABORT_PARAMETER in parameters:  # a control request from an entry model: abort by keys
             for key in str(parameters[ABORT_PARAMETER]).split(","):
                 self.engine.cancel_key(key)

@@ -18,22 +18,19 @@ import triton_python_backend_utils as pb_utils
 from core.adapters.common import (
     ABORT_PARAMETER,
     CANCEL_KEY_PARAMETER,
-    ENTRY_STAGES_FILE,
-    STAGE_PATH_KEYS,
     CoreResponses,
+    LoadedStage,
     child_error,
     document_tensor,
-    load_stage_from_spec,
     request_parameters,
     triton_error,
     version_dir,
 )
 from core.adapters.generate_model import GenerateModel
-from core.engine_config import resolve_paths
 from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.protocol import peek_response, whole_answer
-from core.settings import EntrySettings
+from core.settings import STAGES_FILE, EntrySettings
 
 
 class EntryModel(GenerateModel):
@@ -53,17 +50,9 @@ class EntryModel(GenerateModel):
     def initialize(self, args: dict[str, Any]) -> None:
         super().initialize(args)
         self.streaming = self.settings.stream
-        spec = json.loads((version_dir(args) / ENTRY_STAGES_FILE).read_text())
+        spec = json.loads((version_dir(args) / STAGES_FILE).read_text())
         repository_root = Path(args["model_repository"]).parent
-        self.stages = {}
-        for role in ("preprocess", "postprocess"):
-            stage_class = load_stage_from_spec(spec[role], repository_root)
-            stage = stage_class(resolve_paths(spec[role].get("settings", {}), repository_root, STAGE_PATH_KEYS))
-            self.stages[role] = (
-                stage,
-                [t.name for t in stage_class.inputs],
-                {t.name: t.numpy_dtype for t in stage_class.outputs},
-            )
+        self.stages = {role: LoadedStage(spec[role], repository_root) for role in ("preprocess", "postprocess")}
         self._live: dict[str, Any] = {}  # cancel key -> response sender, for the watcher
         self._live_lock = threading.Lock()
         self._closing = threading.Event()
@@ -73,9 +62,7 @@ class EntryModel(GenerateModel):
         freeze_startup_heap()  # again: the stages loaded after generate's part (core/gc_heap.py)
 
     def _run_stage(self, role: str, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
-        stage, _, output_types = self.stages[role]
-        outputs = stage.process(inputs, parameters)
-        return [pb_utils.Tensor(name, np.asarray(value, dtype=output_types[name])) for name, value in outputs.items()]
+        return self.stages[role].run(inputs, parameters)
 
     def _serve(self, request: Any, sender: Any) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -88,12 +75,7 @@ class EntryModel(GenerateModel):
 
     def _entry(self, request: Any, sender: Any) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        _, input_names, _ = self.stages["preprocess"]
-        inputs = {}
-        for name in input_names:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                inputs[name] = tensor.as_numpy()
+        inputs = self.stages["preprocess"].inputs_of(request)
         (engine_request,) = self._run_stage("preprocess", inputs, request_parameters(request))
         key = f"{uuid.uuid4().hex}"
         child = self._core_request(engine_request, {CANCEL_KEY_PARAMETER: key})

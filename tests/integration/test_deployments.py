@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
+import requests
 
 from core.cpu_placement import is_engine_process, process_tree
 from repo_render import ROOT, load_deployment
 from tests.support.deployment_helpers import render_together, start_server, with_own_internal_names
-from tests.support.triton_helpers import grpc_infer, http_generate, sse_events
+from tests.support.triton_helpers import grpc_infer, grpc_inputs, grpc_stream, http_generate, sse_events
 from tools.build_tiny_lora import build as build_tiny_lora
 
 EXAMPLES = ROOT / "deployments" / "examples"
@@ -35,7 +38,9 @@ postprocess:
   class: tests.support.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path
   settings: {{prefix: "[grüße] "}}                       # non-ASCII: the stub reads stage.json as ASCII
 names: {{plain: custom_model, streaming: custom_model_stream}}
-core: {{engine_cpus: [1]}}                                 # every engine of this server on CPU 1, the rest on 0
+# every engine of this server on CPU 1, the rest on 0; the streaming ensemble's postprocess (the stage above) runs
+# in the core's sender: preprocess -> core
+core: {{engine_cpus: [1], postprocess_in_sender: true}}
 """
 
 
@@ -76,6 +81,81 @@ def test_custom_stage_by_import_path_serves_requests(examples_server, base_text)
         client.close()
     # The raw preprocess sends the prompt as text (vLLM tokenizes it): same tokens, same greedy continuation.
     assert outputs["text_output"][0].decode() == "[grüße] " + base_text.upper()
+
+
+SHOUT = "[grüße] "
+
+
+def _shouted_deltas(deltas: list[str]) -> str:
+    """The custom stage's streamed text: every delta its own prefix + the delta upper-cased."""
+    assert deltas and all(delta.startswith(SHOUT) for delta in deltas), deltas
+    return "".join(delta[len(SHOUT) :] for delta in deltas)
+
+
+def _stream_custom(url: str, prompt: str, **flags: bool) -> list[tuple[dict, bool]]:
+    return grpc_stream(url, grpc_inputs(prompt, GREEDY, stream=True, **flags), "custom_model_stream")
+
+
+def test_postprocess_in_the_core_streams_the_deployments_own_stage(examples_server, base_text):
+    """core.postprocess_in_sender: the custom deployment's streaming ensemble is preprocess -> core, and the core's
+    sender runs the deployment's own postprocess class (imported by path in the core's process) on every delta."""
+    config = (examples_server.model_repository / "custom_model_stream" / "config.pbtxt").read_text()
+    assert config.count("step {") == 2 and "custom_model_postprocess" not in config
+    flags = {"return_finish_reason": True, "return_num_output_tokens": True}
+    received = _stream_custom(examples_server.grpc_url, PROMPT, **flags)
+    texts = [outputs["text_output"][0].decode() for outputs, _ in received if "text_output" in outputs]
+    assert _shouted_deltas(texts) == base_text.upper()
+    assert len(texts) >= 2  # streamed: more than the one final response
+    final, is_final = received[-1]
+    assert is_final and final["finish_reason"][0].decode() == "length"
+    assert sum(int(outputs["num_output_tokens"][0]) for outputs, _ in received) == GREEDY["max_tokens"]
+    # The same over HTTP's /generate_stream (SSE)
+    payload = {"text_input": PROMPT, "stream": True, "parameters": GREEDY}
+    events = sse_events(examples_server.http_url, payload, model="custom_model_stream")
+    assert _shouted_deltas([event["text_output"] for event in events]) == base_text.upper()
+
+
+def test_postprocess_in_the_core_keeps_each_streams_order_under_concurrency(examples_server, base_text):
+    """Eight streams at once through the core's sender (a request stays on one sender thread): each arrives whole
+    and in order, the same as the plain path's answer."""
+    prompts = [f"{PROMPT} {i}" for i in range(8)]
+    client_replies = {
+        p: http_generate(examples_server.http_url, {"text_input": p, "parameters": GREEDY}, model="custom_model")
+        for p in prompts
+    }
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        streamed = dict(zip(prompts, pool.map(partial(_stream_custom, examples_server.grpc_url), prompts), strict=True))
+    for prompt in prompts:
+        plain = client_replies[prompt].json()["text_output"]  # echoes the prompt, shouted
+        texts = [outputs["text_output"][0].decode() for outputs, _ in streamed[prompt] if "text_output" in outputs]
+        assert plain == SHOUT + (prompt + _shouted_deltas(texts)).upper(), prompt
+
+
+def test_postprocess_in_the_core_bad_input_is_a_clear_error_and_the_stream_goes_on(examples_server, base_text):
+    """A request refused before the core (preprocess) and one refused by vLLM in the core: each stream ends with its
+    error (in-band on a gRPC stream: tritonclient gives no status code, so the code is asserted over HTTP), and the
+    next stream is served."""
+    from tritonclient.utils import InferenceServerException
+
+    url = examples_server.grpc_url
+    with pytest.raises(InferenceServerException, match="temperature"):
+        grpc_stream(url, grpc_inputs(PROMPT, {"temperature": -1}, stream=True), "custom_model_stream")
+    # vLLM's own refusal (the prompt is longer than the context), sent by the core as the step's error
+    with pytest.raises(InferenceServerException, match="512"):
+        grpc_stream(url, grpc_inputs("fox " * 2000, GREEDY, stream=True), "custom_model_stream")
+    for text, sampling, expected in (
+        (PROMPT, {"temperature": -1}, "temperature"),
+        ("fox " * 2000, GREEDY, "512"),
+    ):
+        reply = requests.post(
+            f"http://{examples_server.http_url}/v2/models/custom_model_stream/generate_stream",
+            json={"text_input": text, "stream": True, "parameters": sampling},
+            timeout=120,
+        )
+        assert reply.status_code == 400 and expected in reply.text, reply.text
+    received = _stream_custom(url, PROMPT)
+    texts = [outputs["text_output"][0].decode() for outputs, _ in received if "text_output" in outputs]
+    assert _shouted_deltas(texts) == base_text.upper()
 
 
 def test_openai_example_answers_with_a_chat_completion(examples_server, base_text):

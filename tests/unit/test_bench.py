@@ -315,3 +315,24 @@ def test_py_spy_records_the_named_level_or_the_largest_and_refuses_one_not_measu
         profiled_level(levels, (16, 64))
     with pytest.raises(Exception, match="STREAMSxTOKENS"):
         profile_level_argument("64")
+
+
+def test_also_deployment_is_rendered_into_the_same_repository_and_a_name_clash_is_refused(tmp_path: Path):
+    """--also-deployment: a variant of the deployment served by the same server, under its own model names."""
+    from repo_render import DEFAULT_CONFIG
+    from tools.bench import bench_repository
+
+    doc = DEFAULT_CONFIG.read_text().replace("model: ../models/", f"model: {DEFAULT_CONFIG.parent.parent}/models/")
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(
+        doc + "names: {plain: v_model, streaming: v_stream, core: v_core, generate: v_generate,"
+        " preprocess: v_pre, postprocess: v_post}\ncore: {postprocess_in_sender: true}\n"
+    )
+    setup = bench_repository(tmp_path / "out", DEFAULT_CONFIG, {}, [variant])
+    models = {p.name for p in setup.repo.iterdir()}
+    assert {"vllm_model", "vllm_model_stream", "vllm_core", "v_model", "v_stream", "v_core", "v_post"} <= models
+    assert (setup.plain, setup.streaming) == ("vllm_model", "vllm_model_stream")  # the first deployment's
+    clash = tmp_path / "clash.yaml"
+    clash.write_text(doc)
+    with pytest.raises(SystemExit, match="models of the same names: generate, postprocess"):
+        bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, [clash])

@@ -34,3 +34,27 @@ def test_bls_entry_renders_python_entries_with_their_stages(tmp_path: Path):
 def test_unknown_entry_kind_is_refused(tmp_path: Path):
     with pytest.raises(ConfigError, match="entry: must be one of ensemble, bls"):
         load_deployment(_config(tmp_path, entry="sidecar"))
+
+
+def test_postprocess_in_sender_makes_the_streaming_ensemble_preprocess_then_core(tmp_path: Path):
+    """core.postprocess_in_sender: the core gives the postprocess stage's outputs to the streaming ensemble (so it
+    cannot batch: they are unbatched) and keeps ENGINE_RESPONSE for generate; the plain ensemble is unchanged."""
+    plain = render(load_deployment(_config(tmp_path)), tmp_path / "plain")
+    files = render(load_deployment(_config(tmp_path, core={"postprocess_in_sender": True})), tmp_path / "fused")
+    stream = files["vllm_model_stream/config.pbtxt"]
+    assert stream.count("step {") == 2 and 'model_name: "postprocess"' not in stream
+    assert 'model_name: "vllm_core"' in stream and 'key: "text_output"' in stream
+    core = files["vllm_core/config.pbtxt"]
+    assert "max_batch_size" not in core and "dynamic_batching" not in core  # 0: Triton's text format omits it
+    assert 'name: "engine_response"' in core and 'name: "text_output"' in core and 'name: "prompt_logprobs"' in core
+    postprocess = json.loads(files["postprocess/1/stage.json"])
+    assert json.loads(files["vllm_core/1/stages.json"]) == {"postprocess": postprocess}
+    assert json.loads(files["vllm_core/1/settings.json"])["core"]["postprocess_in_sender"] is True
+    assert files["vllm_model/config.pbtxt"] == plain["vllm_model/config.pbtxt"]  # pre -> generate -> post
+    assert files["postprocess/config.pbtxt"] == plain["postprocess/config.pbtxt"]
+    assert "max_batch_size: 1024" in plain["vllm_core/config.pbtxt"] and "vllm_core/1/stages.json" not in plain
+
+
+def test_postprocess_in_sender_with_a_bls_entry_is_refused(tmp_path: Path):
+    with pytest.raises(ConfigError, match="core.postprocess_in_sender works with entry: ensemble only"):
+        load_deployment(_config(tmp_path, entry="bls", core={"postprocess_in_sender": True}))
