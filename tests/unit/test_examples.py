@@ -18,6 +18,7 @@ ALL = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 
 def test_the_examples_are_the_ones_documented():
     assert ALL == [
+        "gpu-bench-1b-in-sender.yaml",
         "gpu-bench-1b.yaml",
         "gpu-llama-8b-local.yaml",
         "gpu-llama-8b.yaml",
@@ -72,6 +73,16 @@ def test_local_tensor_parallel_example_differs_from_its_single_gpu_sibling_only_
     two = json.loads(_render("tensor-parallel-2-local.yaml", tmp_path / "two")["vllm_core/1/model.json"])
     assert two.pop("tensor_parallel_size") == 2 and two.pop("distributed_executor_backend") == "mp"
     assert one == two
+
+
+def test_the_in_sender_bench_variant_differs_only_by_its_names_and_postprocess_in_sender():
+    """What `tools/bench.py --also-deployment` measures beside gpu-bench-1b.yaml in one server: the same deployment
+    but for core.postprocess_in_sender, under model names of its own."""
+    base = load_deployment(EXAMPLES / "gpu-bench-1b.yaml").model_dump()
+    dump = load_deployment(EXAMPLES / "gpu-bench-1b-in-sender.yaml").model_dump()
+    assert set(dump.pop("names").values()).isdisjoint(base.pop("names").values())
+    assert dump["core"].pop("postprocess_in_sender") is True and base["core"].pop("postprocess_in_sender") is False
+    assert dump == base
 
 
 def test_multi_lora_example_lists_its_adapters_for_the_core_and_preprocess(tmp_path: Path):
