@@ -97,8 +97,6 @@ class GuardedSender:
         self._lock = threading.Lock()
         self.closed = False
         self.tagged = False  # the caller is a BLS model: error codes go into the message (see child_error)
-        # The core runs the postprocess stage for this request, with these request parameters (None: it does not)
-        self.stage_parameters: dict[str, Any] | None = None
 
     def send(self, response: Any = None, flags: int = 0) -> None:
         with self._lock:

@@ -55,6 +55,17 @@ def _emitter(outbox: queue.SimpleQueue[Outgoing | None], sender: Any, stats: Cor
     return emit
 
 
+class CoreSender(GuardedSender):
+    """A core request's response sender, with what the core's sender threads need to know about the request."""
+
+    def __init__(self, sender: Any) -> None:
+        super().__init__(sender)
+        # The request's parameters when the core runs the postprocess stage for it (core.postprocess_in_sender and
+        # the caller asked for the stage's outputs); None: it gets ENGINE_RESPONSE.
+        self.stage_parameters: dict[str, Any] | None = None
+        self.engine_request_id: str | None = None  # the engine's id, once submitted: a failed stage aborts it
+
+
 class CoreModel:
     """Decoupled: owns the vLLM engine; one response per engine output (one in all when not streaming)."""
 
@@ -192,6 +203,8 @@ class CoreModel:
                 self.logger.log_error(f"vllm_core: postprocess failed: {traceback.format_exc()}")
             final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             item.sender.send(pb_utils.InferenceResponse(error=triton_error(exc)), flags=final)
+            if item.sender.engine_request_id is not None:  # nobody reads the rest: stop generating it
+                self.engine.cancel(item.sender.engine_request_id)
             return None
 
     def execute(self, requests: list[Any]) -> None:
@@ -206,7 +219,7 @@ class CoreModel:
 
     def _admit(self, request: Any) -> None:
         outbox = self._outboxes[next(self._next_outbox) % len(self._outboxes)]
-        sender = GuardedSender(request.get_response_sender())
+        sender = CoreSender(request.get_response_sender())
         if self.stats is not None:
             self.stats.admitted(id(sender))
         parameters = request_parameters(request)
@@ -231,7 +244,9 @@ class CoreModel:
         # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
         # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
         # models see the client's cancel and abort by key instead.
-        self.engine.submit(engine_request, _emitter(outbox, sender, self.stats), never_cancelled, key=key)
+        sender.engine_request_id = self.engine.submit(
+            engine_request, _emitter(outbox, sender, self.stats), never_cancelled, key=key
+        )
 
     def finalize(self) -> None:
         self.engine.shutdown()

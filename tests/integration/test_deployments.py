@@ -39,8 +39,8 @@ postprocess:
   settings: {{prefix: "[grüße] "}}                       # non-ASCII: the stub reads stage.json as ASCII
 names: {{plain: custom_model, streaming: custom_model_stream}}
 # every engine of this server on CPU 1, the rest on 0; the streaming ensemble's postprocess (the stage above) runs
-# in the core's sender: preprocess -> core
-core: {{engine_cpus: [1], postprocess_in_sender: true}}
+# in the core's sender threads (two: one stage object used by both at once): preprocess -> core
+core: {{engine_cpus: [1], postprocess_in_sender: true, sender_threads: 2}}
 """
 
 
@@ -116,8 +116,8 @@ def test_postprocess_in_the_core_streams_the_deployments_own_stage(examples_serv
 
 
 def test_postprocess_in_the_core_keeps_each_streams_order_under_concurrency(examples_server, base_text):
-    """Eight streams at once through the core's sender (a request stays on one sender thread): each arrives whole
-    and in order, the same as the plain path's answer."""
+    """Eight streams at once through the core's two sender threads (a request stays on one thread; the stage object
+    is shared by both): each arrives whole and in order, the same as the plain path's answer."""
     prompts = [f"{PROMPT} {i}" for i in range(8)]
     client_replies = {
         p: http_generate(examples_server.http_url, {"text_input": p, "parameters": GREEDY}, model="custom_model")

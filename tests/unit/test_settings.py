@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from core.engine import Engine, RestartPolicy
 from core.settings import SETTINGS_FILE, CoreSettings, EntrySettings, GenerateSettings, HealthSettings, load_settings
 from repo_render import DEFAULT_CONFIG, load_deployment, render, write
+from tests.support.fake_triton import FakeEngine
 
 
 def _config(tmp_path: Path, text: str) -> Path:
@@ -63,38 +62,6 @@ def test_a_stale_or_hand_edited_settings_file_fails_the_load_naming_it(tmp_path:
         load_settings(CoreSettings, tmp_path / "missing")
 
 
-class _FakeEngine:
-    created: list[dict[str, Any]] = []
-
-    def __init__(self, engine_args: dict[str, Any], **kwargs: Any) -> None:
-        self.created.append({"engine_args": engine_args, **kwargs})
-
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-
-@pytest.fixture
-def triton_models(monkeypatch: pytest.MonkeyPatch):
-    """core.triton_models with a stand-in for the Triton stub's own module (only Triton's stubs have it)."""
-    stub = types.ModuleType("triton_python_backend_utils")
-    stub.Logger = types.SimpleNamespace(log_info=print, log_warn=print, log_error=print)
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-    adapters = [name for name in sys.modules if name == "core.triton_models" or name.startswith("core.adapters")]
-    for name in adapters:
-        monkeypatch.delitem(sys.modules, name)
-    import core.adapters.core_model as core_model
-    import core.triton_models as module
-
-    monkeypatch.setattr(core_model, "Engine", _FakeEngine)
-    monkeypatch.setattr(core_model, "prepare_process_environment", lambda: None)
-    yield module
-    for name in [name for name in sys.modules if name == "core.triton_models" or name.startswith("core.adapters")]:
-        monkeypatch.delitem(sys.modules, name, raising=False)
-
-
 def test_the_core_adapter_starts_the_engine_with_the_rendered_settings(tmp_path: Path, triton_models, monkeypatch):
     monkeypatch.setattr(sys, "setswitchinterval", lambda seconds: None)
     out = tmp_path / "repo"
@@ -106,7 +73,7 @@ def test_the_core_adapter_starts_the_engine_with_the_rendered_settings(tmp_path:
     args = {"model_repository": str(out / "vllm_core"), "model_version": "1", "model_name": "vllm_core"}
     model.initialize(args)
     try:
-        assert _FakeEngine.created[-1]["restart"] == expected.health
+        assert FakeEngine.created[-1]["restart"] == expected.health
         assert model.stream_interval == expected.stream_interval_ms / 1000
         assert len(model._outboxes) == expected.core.sender_threads
         assert {key: os.environ[key] for key in expected.engine_env} == expected.engine_env
