@@ -7,7 +7,7 @@ engine args against vLLM), stages (stage classes and the ensembles' wiring), pbt
 
 from repo_render.checks import check_deployment, load_deployment
 from repo_render.cli import main
-from repo_render.repository import drift, existing_files, project_root, render, write
+from repo_render.repository import drift, existing_files, project_root, render, render_together, write
 from repo_render.schema import DEFAULT_CONFIG, DEFAULT_OUT, ROOT, ConfigError, Deployment, Names
 from repo_render.stages import check_wiring, load_stage
 
@@ -27,5 +27,6 @@ __all__ = [
     "main",
     "project_root",
     "render",
+    "render_together",
     "write",
 ]

@@ -215,6 +215,19 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     return dict(sorted(files.items()))
 
 
+def render_together(deployments: list[Deployment], out: Path) -> dict[str, str]:
+    """Every file of one repository that serves several deployments (each with model names of its own): a
+    deployment variant served beside another by one server. Two that share a model folder are refused."""
+    files: dict[str, str] = {}
+    for deployment in deployments:
+        rendered = render(deployment, out)
+        shared = sorted({rel.split("/")[0] for rel in set(rendered) & set(files)})
+        if shared:
+            raise ConfigError(f"names: models of the same names in two deployments: {', '.join(shared)}; rename them")
+        files.update(rendered)
+    return files
+
+
 def core_settings(deployment: Deployment) -> CoreSettings:
     """What the core's adapter reads (settings.json): the deployment's keys of the same names (a Deployment is a
     CoreSettings with more keys)."""

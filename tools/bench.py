@@ -693,20 +693,17 @@ def bench_repository(
     """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given), and
     the `also` deployments next to it (--also-deployment: their model names must differ from its)."""
     from core.engine_config import load_engine_args
-    from repo_render import DEFAULT_CONFIG, load_deployment, render, write
+    from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render_together, write
 
     deployment = load_deployment(deployment_file or DEFAULT_CONFIG, variables)
     if deployment_file is None:
         build_tiny_model(TINY_MODEL)
         deployment.engine_args = {**deployment.engine_args, **BENCH_ENGINE_OVERRIDES}
     repo = out / "repo"
-    files = render(deployment, repo)
-    for extra in also:
-        rendered = render(load_deployment(extra, variables), repo)
-        shared = sorted({name.split("/")[0] for name in set(rendered) & set(files)})
-        if shared:
-            raise SystemExit(f"bench: --also-deployment {extra} has models of the same names: {', '.join(shared)}")
-        files.update(rendered)
+    try:
+        files = render_together([deployment, *(load_deployment(extra, variables) for extra in also)], repo)
+    except ConfigError as exc:
+        raise SystemExit(f"bench: --also-deployment: {exc}") from None
     write(files, repo)
     engine_args = load_engine_args(repo / deployment.names.core / "1" / "model.json")
     return BenchSetup(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from repo_render import Deployment, Names, render, write
+from repo_render import Deployment, Names, write
+from repo_render import render_together as render_files
 from tools.triton_server import TritonServer, start_on_free_ports
 
 
@@ -18,12 +19,8 @@ def with_own_internal_names(deployment: Deployment) -> Deployment:
 
 
 def render_together(deployments: list[Deployment], out: Path) -> dict[str, str]:
-    files: dict[str, str] = {}
-    for deployment in deployments:
-        rendered = render(deployment, out)
-        overlap = set(rendered) & set(files)
-        assert not overlap, f"deployments share model folders: {sorted(overlap)[:3]}"
-        files.update(rendered)
+    """repo_render.render_together, written to `out`."""
+    files = render_files(deployments, out)
     write(files, out)
     return files
 

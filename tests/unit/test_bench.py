@@ -334,5 +334,5 @@ def test_also_deployment_is_rendered_into_the_same_repository_and_a_name_clash_i
     assert (setup.plain, setup.streaming) == ("vllm_model", "vllm_model_stream")  # the first deployment's
     clash = tmp_path / "clash.yaml"
     clash.write_text(doc)
-    with pytest.raises(SystemExit, match="models of the same names: generate, postprocess"):
+    with pytest.raises(SystemExit, match="models of the same names in two deployments: generate, postprocess"):
         bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, [clash])
