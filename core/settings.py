@@ -64,12 +64,6 @@ class CoreProcessSettings(Settings):
     # per streamed delta. The core then takes one request per execute: its outputs are the ensemble's public,
     # unbatched outputs, which a batching model cannot produce.
     postprocess_in_sender: bool = False
-    # The streaming ensemble's preprocess stage runs in the core's execute (in-process, the same class and settings
-    # as the preprocess model) instead of as its own Triton model: one Python-backend round trip less before the
-    # engine sees a streamed request. Its price: the core's instances (front_ends) tokenize a burst of requests one
-    # after the other, where the preprocess model's instances run side by side. The core then takes one request per
-    # execute (its inputs are the ensemble's public, unbatched inputs).
-    preprocess_in_execute: bool = False
 
 
 class CoreSettings(Settings):

@@ -122,17 +122,11 @@ class CoreModel:
             # the switch interval while the engine loop computes. Set after the engine started: a forked
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
             sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
-        # The stages run here for the requests of the streaming ensemble: core.preprocess_in_execute (in execute,
-        # before the engine) and core.postprocess_in_sender (in the sender threads, on each response)
-        self.preprocess: LoadedStage | None = None
+        # core.postprocess_in_sender: the postprocess stage, run here for the requests of the streaming ensemble
         self.postprocess: LoadedStage | None = None
-        if settings.core.preprocess_in_execute or settings.core.postprocess_in_sender:
-            specs = json.loads((model_dir / STAGES_FILE).read_text())
-            root = Path(args["model_repository"]).parent
-            if settings.core.preprocess_in_execute:
-                self.preprocess = LoadedStage(specs["preprocess"], root)
-            if settings.core.postprocess_in_sender:
-                self.postprocess = LoadedStage(specs["postprocess"], root)
+        if settings.core.postprocess_in_sender:
+            spec = json.loads((model_dir / STAGES_FILE).read_text())
+            self.postprocess = LoadedStage(spec["postprocess"], Path(args["model_repository"]).parent)
         self.stats = CoreStats.from_environment(self.logger, steps, lags, fe.describe() if fe else "")
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
             queue.SimpleQueue() for _ in range(settings.core.sender_threads)
@@ -216,8 +210,7 @@ class CoreModel:
     def execute(self, requests: list[Any]) -> None:
         # Each execute is a ~1 ms round trip between tritonserver and this stub whatever it does (measured on the
         # H100, docs/performance-gpu.md): the rendered config batches, so requests that arrive together come in one
-        # (not with core.postprocess_in_sender or core.preprocess_in_execute: its outputs or inputs are then
-        # the ensemble's, unbatched).
+        # (not with core.postprocess_in_sender, whose outputs are unbatched).
         if self.stats is not None:
             self.stats.executed(len(requests))
         for request in requests:
@@ -240,20 +233,10 @@ class CoreModel:
                 self.engine.cancel_key(key)
             outbox.put(Outgoing(sender, None, None, True))
             return
-        tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
-        if tensor is None and self.preprocess is not None:
-            try:
-                document = self._preprocessed(request, parameters)
-            except Exception as exc:  # noqa: BLE001 - this request's error (a bad input: INVALID_ARG); the others go on
-                if not isinstance(exc, (InvalidInput, Unavailable)):
-                    self.logger.log_error(f"vllm_core: preprocess failed: {traceback.format_exc()}")
-                outbox.put(Outgoing(sender, None, exc, True))
-                return
-        else:
-            document = None if tensor is None else tensor.as_numpy()
         try:
+            tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
             # Typed decoding: a wrong type or an unknown field fails here, naming it (core/protocol.py).
-            engine_request = decode_request(document.reshape(-1)[0])
+            engine_request = decode_request(tensor.as_numpy().reshape(-1)[0])
         except Exception as exc:  # noqa: BLE001 - a missing tensor, not JSON, or not an EngineRequest
             outbox.put(Outgoing(sender, None, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"), True))
             return
@@ -264,12 +247,6 @@ class CoreModel:
         sender.engine_request_id = self.engine.submit(
             engine_request, _emitter(outbox, sender, self.stats), never_cancelled, key=key
         )
-
-    def _preprocessed(self, request: Any, parameters: dict[str, Any]) -> Any:
-        """The streaming ensemble's request, from its public inputs: its ENGINE_REQUEST array by the preprocess
-        stage (core.preprocess_in_execute). Run here in execute, before the engine: tokenizing releases the GIL."""
-        inputs = self.preprocess.inputs_of(request)
-        return self.preprocess.run_numpy(inputs, parameters)[ENGINE_REQUEST.name]
 
     def finalize(self) -> None:
         self.engine.shutdown()
