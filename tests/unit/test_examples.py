@@ -18,7 +18,7 @@ ALL = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 
 def test_the_examples_are_the_ones_documented():
     assert ALL == [
-        "gpu-bench-1b-in-sender.yaml",
+        "gpu-bench-1b-postprocess-model.yaml",
         "gpu-bench-1b.yaml",
         "gpu-llama-8b-local.yaml",
         "gpu-llama-8b.yaml",
@@ -75,13 +75,14 @@ def test_local_tensor_parallel_example_differs_from_its_single_gpu_sibling_only_
     assert one == two
 
 
-def test_the_in_sender_bench_variant_differs_only_by_its_names_and_postprocess_in_sender():
+def test_the_postprocess_model_bench_variant_differs_only_by_its_names_and_postprocess_in_sender():
     """What `tools/bench.py --also-deployment` measures beside gpu-bench-1b.yaml in one server: the same deployment
-    but for core.postprocess_in_sender, under model names of its own."""
+    but with the postprocess stage as its own model (core.postprocess_in_sender false), under model names of its
+    own."""
     base = load_deployment(EXAMPLES / "gpu-bench-1b.yaml").model_dump()
-    dump = load_deployment(EXAMPLES / "gpu-bench-1b-in-sender.yaml").model_dump()
+    dump = load_deployment(EXAMPLES / "gpu-bench-1b-postprocess-model.yaml").model_dump()
     assert set(dump.pop("names").values()).isdisjoint(base.pop("names").values())
-    assert dump["core"].pop("postprocess_in_sender") is True and base["core"].pop("postprocess_in_sender") is False
+    assert dump["core"].pop("postprocess_in_sender") is False and base["core"].pop("postprocess_in_sender") is True
     assert dump == base
 
 
