@@ -28,12 +28,12 @@ def core(tmp_path: Path, tiny_model: Path, triton_models, monkeypatch: pytest.Mo
     write(render(load_deployment(config), out), out)
     model = triton_models.CoreModel()
     model.initialize({"model_repository": str(out / "vllm_core"), "model_version": "1", "model_name": "vllm_core"})
-    yield model, triton_models
+    yield model
     model.finalize()
 
 
 def test_a_bls_caller_gets_the_engine_response_and_the_ensemble_the_stage_outputs(core):
-    model, adapters = core
+    model = core
     from core.adapters.core_model import CoreSender
 
     raw, staged = CoreSender(RecordingSender()), CoreSender(RecordingSender())
@@ -51,7 +51,7 @@ def test_a_bls_caller_gets_the_engine_response_and_the_ensemble_the_stage_output
 
 
 def test_a_failing_stage_ends_its_request_with_the_error_and_aborts_its_generation(core, monkeypatch):
-    model, _ = core
+    model = core
     from core.adapters.core_model import CoreSender
     from core.interface import InvalidInput
 
