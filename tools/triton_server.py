@@ -73,6 +73,43 @@ def format_failures(failures: list[LoadFailure]) -> str:
     return "\n".join(out)
 
 
+# A process of the server could not start a thread: the host's thread limit was reached. tritonserver itself starts
+# thread-pool-size threads for every Python model instance (measured on 2.51: 3114 threads for the default
+# repository's 6 instances at 512), and died during load with SIGSEGV when two 28-instance deployments shared one
+# server on the H100 host (docs/deployments.md).
+_OUT_OF_THREADS = re.compile(r"pthread_create failed|can't start new thread")
+
+
+def python_instances(repository: Path) -> int:
+    """How many Python-backend model instances a repository's configs ask for."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    total = 0
+    for path in sorted(Path(repository).glob("*/config.pbtxt")):
+        config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        if config.backend == "python":
+            total += sum(group.count or 1 for group in config.instance_group) or 1
+    return total
+
+
+def out_of_threads(log_text: str, repository: Path) -> str | None:
+    """Why the server died, when its log says a thread could not be started; None otherwise."""
+    if not _OUT_OF_THREADS.search(log_text):
+        return None
+    instances = python_instances(repository)
+    return (
+        "the host ran out of threads (the log says a thread could not be started): tritonserver starts"
+        f" thread-pool-size ({PYTHON_BACKEND_THREADS}) threads for every Python model instance, and this repository"
+        f" has {instances} (about {instances * PYTHON_BACKEND_THREADS} threads). Lower the deployment's instance"
+        " counts, or raise the host's limit (/proc/sys/kernel/threads-max, pid_max, the container's pids.max)"
+    )
+
+
+class OutOfThreadsError(RuntimeError):
+    """tritonserver died because the host ran out of threads: starting it again would fail the same way."""
+
+
 class ModelLoadError(RuntimeError):
     """tritonserver stopped because models failed to load: starting it again would fail the same way."""
 
@@ -244,7 +281,10 @@ class TritonServer:
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 message = f"tritonserver exited with code {code} before it was ready{self._log_hint()}"
-                failures = load_failures(self.log_text())
+                log = self.log_text()
+                if (reason := out_of_threads(log, self.model_repository)) is not None:
+                    raise OutOfThreadsError(f"{message}: {reason}")
+                failures = load_failures(log)
                 if failures:
                     raise ModelLoadError(
                         f"{message}; these models failed to load:\n{format_failures(failures)}", failures
@@ -262,7 +302,8 @@ class TritonServer:
         "terminate called after throwing an instance of 'boost::interprocess::lock_exception'", a known
         intermittent upstream crash). A server that dies before it is ready has served nothing, so one more
         start is safe; the failure is still reported on stderr. A server that stopped because models failed to
-        load (ModelLoadError: the log names them) would fail the same way again: that is not retried.
+        load (ModelLoadError: the log names them), or ran out of threads (OutOfThreadsError), would fail the same way
+        again: that is not retried.
         `new_ports`: every start on free ports.
         """
         for attempt in range(1, attempts + 1):
@@ -271,7 +312,7 @@ class TritonServer:
             self.start()
             try:
                 return self.wait_ready(timeout)
-            except ModelLoadError:
+            except (ModelLoadError, OutOfThreadsError):
                 self.stop()
                 raise
             except RuntimeError as exc:  # exited before ready; a TimeoutError is not retried

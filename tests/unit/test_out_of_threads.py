@@ -1,0 +1,69 @@
+"""The launcher (tools/triton_server.py) names the cause when tritonserver dies because the host ran out of threads:
+it starts thread-pool-size threads for every Python model instance, so large instance counts can reach the host's
+thread limit, and tritonserver then dies during load with SIGSEGV and no model named in its log."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from repo_render import load_deployment, render, write
+from tools.triton_server import (
+    PYTHON_BACKEND_THREADS,
+    OutOfThreadsError,
+    TritonServer,
+    out_of_threads,
+    python_instances,
+)
+
+BENCH = Path(__file__).resolve().parents[2] / "deployments" / "examples" / "gpu-bench-1b.yaml"
+# What the H100 host's log showed (a stub's OpenBLAS, then Python in a spawned EngineCore), shortened.
+LOG = (
+    'I1125 23:49:41.1 python_be.cc:2249] "TRITONBACKEND_ModelInstanceInitialize: preprocess_0_11 (CPU device 0)"\n'
+    "OpenBLAS blas_thread_init: pthread_create failed for thread 15 of 16: Resource temporarily unavailable\n"
+    "(EngineCore pid=18351) can't start new thread\n"
+)
+
+
+@pytest.fixture(scope="module")
+def bench_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("repo")
+    write(render(load_deployment(BENCH), out), out)
+    return out
+
+
+def test_the_python_instances_of_a_rendered_repository_are_counted(bench_repository: Path):
+    # 12 preprocess + 8 postprocess + 4 generate + 4 core front ends; the ensembles have none
+    assert python_instances(bench_repository) == 28
+
+
+def test_a_log_that_says_a_thread_could_not_start_gets_the_cause_and_the_count(bench_repository: Path):
+    reason = out_of_threads(LOG, bench_repository)
+    assert reason is not None and "ran out of threads" in reason
+    assert f"has 28 (about {28 * PYTHON_BACKEND_THREADS} threads)" in reason
+    assert "instance counts" in reason and "pids.max" in reason
+
+
+def test_any_other_log_is_not_taken_for_it(bench_repository: Path):
+    failed_load = "E1125 model_lifecycle.cc:642] \"failed to load 'x' version 1: boom\"\n"
+    assert out_of_threads(failed_load, bench_repository) is None
+
+
+def test_a_server_that_died_so_raises_out_of_threads_and_is_not_started_again(bench_repository: Path, tmp_path: Path):
+    log = tmp_path / "tritonserver.log"
+    log.write_text(LOG)
+    server = TritonServer(bench_repository, log_file=log)
+    starts = []
+
+    def start() -> None:  # tritonserver as it died on the H100 host: SIGSEGV during load, the log above
+        starts.append(1)
+        server.process = subprocess.Popen(["sh", "-c", "kill -SEGV $$"])
+        server.process.wait()
+
+    server.start = start  # type: ignore[method-assign]
+    server.stop = lambda grace=None: None  # type: ignore[method-assign]
+    with pytest.raises(OutOfThreadsError, match=r"exited with code -11 .*ran out of threads"):
+        server.start_and_wait(timeout=5, attempts=2)
+    assert len(starts) == 1  # a second start would run out of threads the same way
