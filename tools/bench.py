@@ -43,8 +43,8 @@ table's "paired" column, and the targets where it exists, is the median over the
 `--merge` adds this command's runs to
 OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
-concurrency level with 4 requests per stream (--requests-per-stream; at least 8, at most --max-requests); one
-warm-up round per path and level is not counted.
+concurrency level with 4 requests per stream (--requests-per-stream; at least 8, --min-requests, at most
+--max-requests); one warm-up round per path and level is not counted.
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
@@ -214,13 +214,21 @@ DEFAULT_MAX_REQUESTS = 512
 DEFAULT_REQUESTS_PER_STREAM = 4
 
 
+# At least this many requests per level: a one-stream level of 4 requests per stream would have 4 first tokens.
+# Measured on the H100 (docs/performance-gpu.md): with 8 requests per repetition our TTFT p50 at one stream was
+# +1.0 to +7.8 ms over the bare engine's, repetition by repetition; with 32, +4.0 and +4.1 ms. --min-requests 32
+# costs ~3.5 s per path at 64 tokens and ~14 s at 256.
+DEFAULT_MIN_REQUESTS = 8
+
+
 def requests_for(
     concurrency: int,
     quick: bool,
     max_requests: int = DEFAULT_MAX_REQUESTS,
     per_stream: int = DEFAULT_REQUESTS_PER_STREAM,
+    min_requests: int = DEFAULT_MIN_REQUESTS,
 ) -> int:
-    return max(8, min(max_requests, per_stream * concurrency)) // (4 if quick else 1)
+    return max(min_requests, min(max_requests, per_stream * concurrency)) // (4 if quick else 1)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -1063,7 +1071,7 @@ def plot(rows: list[dict[str, Any]], target: Path) -> None:
 
 def levels_for(args: argparse.Namespace) -> list[dict[str, Any]]:
     def requests(concurrency: int) -> int:
-        return requests_for(concurrency, args.quick, args.max_requests, args.requests_per_stream)
+        return requests_for(concurrency, args.quick, args.max_requests, args.requests_per_stream, args.min_requests)
 
     return [{"concurrency": c, "max_tokens": m, "requests": requests(c)} for m in args.max_tokens for c in args.levels]
 
@@ -1235,8 +1243,14 @@ def main(argv: list[str] | None = None) -> int:
         "--max-requests",
         type=int,
         default=DEFAULT_MAX_REQUESTS,
-        help="requests per level are --requests-per-stream x concurrency, at least 8 and at most this many (before"
-        " --quick)",
+        help="requests per level are --requests-per-stream x concurrency, at least --min-requests and at most this"
+        " many (before --quick)",
+    )
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=DEFAULT_MIN_REQUESTS,
+        help="requests per level at least (before --quick): the first tokens a one-stream level's TTFT p50 comes from",
     )
     parser.add_argument(
         "--requests-per-stream",

@@ -299,6 +299,8 @@ def test_requests_per_level_are_four_per_stream_within_the_bounds():
     assert requests_for(256, quick=True, max_requests=1024) == 256
     assert requests_for(1, quick=False, max_requests=4) == 8  # never below 8
     assert requests_for(64, quick=False, max_requests=4096, per_stream=16) == 1024  # longer levels
+    assert requests_for(1, quick=False, min_requests=32) == 32  # enough first tokens at one stream
+    assert requests_for(64, quick=False, min_requests=32) == 256  # no effect where the streams give more
 
 
 def test_a_level_spreads_over_client_processes_evenly_and_completely():
@@ -336,3 +338,18 @@ def test_also_deployment_is_rendered_into_the_same_repository_and_a_name_clash_i
     clash.write_text(doc)
     with pytest.raises(SystemExit, match="models of the same names in two deployments: generate, postprocess"):
         bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, [clash])
+
+
+def test_min_requests_reaches_every_level_from_the_command_line(tmp_path: Path, monkeypatch):
+    import tools.bench as bench
+
+    seen = []
+
+    async def records_the_levels(args, on_result):
+        seen.extend(level["requests"] for level in bench.levels_for(args))
+
+    monkeypatch.setattr(bench, "run_all", records_the_levels)
+    bench.main(
+        ["--paths", "bare", "--levels", "1,16", "--max-tokens", "64", "--min-requests", "32", "--out", str(tmp_path)]
+    )
+    assert seen == [32, 64]
