@@ -141,7 +141,8 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
 
     core_io = ((tensors.ENGINE_REQUEST,), (tensors.ENGINE_RESPONSE,))
     # core.postprocess_in_sender: the core also gives the postprocess stage's outputs, which the streaming ensemble
-    # asks for (BLS callers ask for ENGINE_RESPONSE); they are the ensemble's public, unbatched outputs.
+    # asks for (BLS callers ask for ENGINE_RESPONSE); they are the ensemble's public, unbatched outputs, so the core
+    # cannot batch its intake (docs/platform-notes.md T9).
     in_sender = deployment.core.postprocess_in_sender
     files[f"{names.core}/config.pbtxt"] = _python_model(
         names.core,

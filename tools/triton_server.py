@@ -76,7 +76,7 @@ def format_failures(failures: list[LoadFailure]) -> str:
 # A process of the server could not start a thread: the host's thread limit was reached. tritonserver itself starts
 # thread-pool-size threads for every Python model instance (measured on 2.51: 3114 threads for the default
 # repository's 6 instances at 512), and died during load with SIGSEGV when two 28-instance deployments shared one
-# server on the H100 host (docs/deployments.md).
+# server on the H100 host (docs/deployments.md, docs/platform-notes.md T10).
 _OUT_OF_THREADS = re.compile(r"pthread_create failed|can't start new thread")
 
 

@@ -1,0 +1,81 @@
+"""Two Python-backend facts the core's design and the launcher rest on (docs/platform-notes.md T9, T10), shown on
+the real tritonserver with two trivial Python models (no vLLM)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as http
+
+from tools.triton_server import PYTHON_BACKEND_THREADS, start_on_free_ports
+
+pytestmark = pytest.mark.server
+
+# execute holds its requests for 50 ms, so requests sent together queue behind it; it answers each with how many
+# requests that execute had.
+MODEL_PY = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.05)
+        size = np.array([str(len(requests)).encode()], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", size)]) for _ in requests]
+"""
+CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+input {{ name: "x" data_type: TYPE_STRING dims: [1] }}
+output {{ name: "y" data_type: TYPE_STRING dims: [1] }}
+instance_group {{ count: {count} kind: KIND_CPU }}
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+"""
+MODELS = {"unbatched": (0, 1), "batched": (8, 3)}  # name -> (max_batch_size, instances)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    repository = tmp_path_factory.mktemp("repo")
+    for name, (max_batch_size, count) in MODELS.items():
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "model.py").write_text(MODEL_PY)
+        config = CONFIG.format(name=name, max_batch_size=max_batch_size, count=count)
+        (repository / name / "config.pbtxt").write_text(config)
+    server = start_on_free_ports(repository, repository / "tritonserver.log", timeout=120)
+    yield server
+    server.stop()
+
+
+def _execute_sizes(server, model: str, requests: int, batched: bool) -> list[int]:
+    def one(_: int) -> int:
+        client = http.InferenceServerClient(server.http_url)
+        data = np.array([[b"a"]] if batched else [b"a"], dtype=object)
+        tensor = http.InferInput("x", list(data.shape), "BYTES")
+        tensor.set_data_from_numpy(data)
+        return int(client.infer(model, [tensor]).as_numpy("y").reshape(-1)[0])
+
+    with concurrent.futures.ThreadPoolExecutor(requests) as pool:
+        return list(pool.map(one, range(requests)))
+
+
+def test_t9_dynamic_batching_is_ignored_without_max_batch_size(server):
+    # The same 24 requests at once: the batching model takes several per execute, the unbatched one never does,
+    # although its config asks for dynamic batching too and loads without a word (why the core takes one request
+    # per execute when its outputs are the streaming ensemble's unbatched public tensors).
+    assert max(_execute_sizes(server, "batched", 24, batched=True)) > 1
+    assert set(_execute_sizes(server, "unbatched", 24, batched=False)) == {1}
+
+
+def test_t10_tritonserver_starts_the_thread_pool_for_every_python_instance(server):
+    instances = sum(count for _, count in MODELS.values())
+    threads = len(list(Path(f"/proc/{server.process.pid}/task").iterdir()))
+    assert instances * PYTHON_BACKEND_THREADS <= threads < (instances + 1) * PYTHON_BACKEND_THREADS, json.dumps(
+        {"threads": threads, "instances": instances, "pool": PYTHON_BACKEND_THREADS}
+    )
