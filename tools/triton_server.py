@@ -87,7 +87,10 @@ def python_instances(repository: Path) -> int:
 
     total = 0
     for path in sorted(Path(repository).glob("*/config.pbtxt")):
-        config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        try:
+            config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        except (OSError, text_format.ParseError):  # not ours to judge here: Triton's log says what is wrong with it
+            continue
         if config.backend == "python":
             total += sum(group.count or 1 for group in config.instance_group) or 1
     return total

@@ -39,6 +39,14 @@ def test_the_python_instances_of_a_rendered_repository_are_counted(bench_reposit
     assert python_instances(bench_repository) == 28
 
 
+def test_a_config_that_does_not_parse_is_left_to_tritons_own_message(tmp_path: Path):
+    (tmp_path / "good" / "1").mkdir(parents=True)
+    (tmp_path / "good" / "config.pbtxt").write_text('backend: "python"\ninstance_group { count: 3 }\n')
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.pbtxt").write_text("not a model config {")
+    assert python_instances(tmp_path) == 3
+
+
 def test_a_log_that_says_a_thread_could_not_start_gets_the_cause_and_the_count(bench_repository: Path):
     reason = out_of_threads(LOG, bench_repository)
     assert reason is not None and "ran out of threads" in reason
