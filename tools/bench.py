@@ -43,8 +43,8 @@ table's "paired" column, and the targets where it exists, is the median over the
 `--merge` adds this command's runs to
 OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
-concurrency level with 4 requests per stream (--requests-per-stream; at least 8, --min-requests, at most
---max-requests); one warm-up round per path and level is not counted.
+concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
+--max-requests, 512); one warm-up round per path and level is not counted.
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
@@ -206,9 +206,10 @@ def build_prompts(tokenizer_dir: str | Path, count: int = 16) -> list[Prompt]:
     return prompts
 
 
-# Requests per level: four per stream, at least 8 and at most this many. At 256 streams the cap makes a level two
-# waves of requests lasting a few seconds on an H100, which is most of the spread of its ratios between leases
-# (docs/performance-gpu.md); --max-requests 1024 gives it four waves, like the other levels, at twice the time.
+# Requests per level: four per stream, at least DEFAULT_MIN_REQUESTS and at most this many. At 256 streams the cap
+# makes a level two waves of requests lasting a few seconds on an H100, which is most of the spread of its ratios
+# between leases (docs/performance-gpu.md); --max-requests 1024 gives it four waves, like the other levels, at twice
+# the time.
 # With 64 tokens every level lasts about a second on the H100 (a few waves): --requests-per-stream lengthens them.
 DEFAULT_MAX_REQUESTS = 512
 DEFAULT_REQUESTS_PER_STREAM = 4
