@@ -48,7 +48,8 @@ concurrency level with 4 requests per stream (--requests-per-stream; at least --
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
-and the issue's targets. --profile adds Triton's per-model statistics and each server process's CPU per level,
+the issue's targets, and the machine's own spread per level (bare-stream / bare per round: one engine, seconds
+apart with --interleave). --profile adds Triton's per-model statistics and each server process's CPU per level,
 the core's own counters in the Triton log, the engine's steps per level for the bare engine and the core alike
 (core/step_stats.py: requests running per step, steps per second; from vLLM's iteration details, the share of
 steps that computed prompt tokens, the decode-only steps' rate, the EngineCore's wait for the model's result per
@@ -806,6 +807,7 @@ class ResultsFile:
             "deployment": self.deployment,
             "summary": rows,
             "targets": target_lines(rows),
+            "noise": noise_lines(everything),
             "runs": [asdict(r) for r in everything],
         }
 
@@ -981,6 +983,28 @@ TARGETS = (
     ("stream-grpc", "vllm-backend-stream", 1.3, (64, 256)),
     ("stream-grpc", "vllm-backend-stream", 1.0, (1, 16)),
 )
+
+
+def noise_lines(results: list[LevelResult]) -> list[str]:
+    """How far this machine lets a paired ratio be trusted: `bare` and `bare-stream` are one engine measured seconds
+    apart (they differ only in vLLM's output kind, ~2 % at one stream), so their ratio per round is the machine's own
+    spread for each level."""
+    rounds: dict[tuple[int, int], dict[str, dict[str, float]]] = {}
+    for r in results:
+        if r.round_id and r.path in ("bare", "bare-stream"):
+            rounds.setdefault((r.max_tokens, r.concurrency), {}).setdefault(r.path, {})[r.round_id] = (
+                r.tokens_per_second
+            )
+    lines = []
+    for (max_tokens, concurrency), paths in sorted(rounds.items()):
+        bare, stream = paths.get("bare", {}), paths.get("bare-stream", {})
+        ratios = [stream[k] / bare[k] for k in sorted(set(bare) & set(stream)) if bare[k] > 0]
+        if ratios:
+            lines.append(
+                f"one engine, bare-stream / bare at {max_tokens} tokens x {concurrency}, per round: "
+                + " / ".join(f"{x:.2f}" for x in ratios)
+            )
+    return lines
 
 
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -1306,6 +1330,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in doc["targets"]:
         print(line)
+    if doc["noise"]:
+        print("\nthe machine's own spread of a paired ratio (the same engine's two paths, seconds apart):")
+        for line in doc["noise"]:
+            print(line)
     print(f"\nresults: {results.path}  plot: {args.out / 'bench.png'}")
     if stopped is not None:
         print(f"bench: stopped early ({type(stopped).__name__}: {stopped}); the table holds what was measured")

@@ -12,6 +12,7 @@ from tools.bench import (
     ResultsFile,
     baseline_of,
     load_runs,
+    noise_lines,
     print_table,
     profile_level_argument,
     profiled_level,
@@ -353,3 +354,23 @@ def test_min_requests_reaches_every_level_from_the_command_line(tmp_path: Path, 
         ["--paths", "bare", "--levels", "1,16", "--max-tokens", "64", "--min-requests", "32", "--out", str(tmp_path)]
     )
     assert seen == [32, 64]
+
+
+def test_the_same_engines_two_paths_per_round_give_the_machines_own_spread():
+    # bare and bare-stream are one engine: their ratio per round is what the machine adds to any paired ratio.
+    runs = [
+        _paired("bare", 100, "0.0"), _paired("bare-stream", 98, "0.0"),
+        _paired("bare", 200, "0.1"), _paired("bare-stream", 120, "0.1"),
+        _paired("bare", 300, "1.0"),  # no bare-stream in that round: not a pair
+        _paired("plain-grpc", 90, "0.0"),
+    ]  # fmt: skip
+    assert noise_lines(runs) == ["one engine, bare-stream / bare at 256 tokens x 256, per round: 0.98 / 0.60"]
+    assert noise_lines([_run("bare", 100, 256), _run("bare-stream", 90, 256)]) == []  # not interleaved: no rounds
+
+
+def test_the_results_file_keeps_the_spread_next_to_the_targets(tmp_path: Path):
+    results = ResultsFile(tmp_path / "results.json", merge=False, command="bench.py", deployment="d", paths=["bare"])
+    for path, value in (("bare", 100), ("bare-stream", 90)):
+        results.add(_run(path, value, 256))
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["noise"] == ["one engine, bare-stream / bare at 256 tokens x 256, per round: 0.90"]
