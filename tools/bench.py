@@ -822,13 +822,9 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
     rows = []
     keys = sorted({(r.path, r.max_tokens, r.concurrency) for r in results}, key=lambda k: (k[1], k[0], k[2]))
     tps: dict[tuple[str, int, int], list[float]] = {}
-    by_round: dict[tuple[int, int], dict[str, dict[str, float]]] = {}  # level -> path -> round -> tok/s
+    by_round = tokens_per_round(results)
     for r in results:
         tps.setdefault((r.path, r.max_tokens, r.concurrency), []).append(r.tokens_per_second)
-        if r.round_id:
-            by_round.setdefault((r.max_tokens, r.concurrency), {}).setdefault(r.path, {})[r.round_id] = (
-                r.tokens_per_second
-            )
     for path, max_tokens, concurrency in keys:
         reps = [r for r in results if (r.path, r.max_tokens, r.concurrency) == (path, max_tokens, concurrency)]
         mine = tps[(path, max_tokens, concurrency)]
@@ -868,6 +864,17 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def tokens_per_round(results: list[LevelResult]) -> dict[tuple[int, int], dict[str, dict[str, float]]]:
+    """Level (max_tokens, concurrency) -> path -> round -> tok/s, for the runs that belong to a round."""
+    by_round: dict[tuple[int, int], dict[str, dict[str, float]]] = {}
+    for r in results:
+        if r.round_id:
+            by_round.setdefault((r.max_tokens, r.concurrency), {}).setdefault(r.path, {})[r.round_id] = (
+                r.tokens_per_second
+            )
+    return by_round
 
 
 def paired_ratios(rounds: dict[str, dict[str, float]], path: str) -> dict[str, float]:
@@ -989,14 +996,8 @@ def noise_lines(results: list[LevelResult]) -> list[str]:
     """How far this machine lets a paired ratio be trusted: `bare` and `bare-stream` are one engine measured seconds
     apart (they differ only in vLLM's output kind, ~2 % at one stream), so their ratio per round is the machine's own
     spread for each level."""
-    rounds: dict[tuple[int, int], dict[str, dict[str, float]]] = {}
-    for r in results:
-        if r.round_id and r.path in ("bare", "bare-stream"):
-            rounds.setdefault((r.max_tokens, r.concurrency), {}).setdefault(r.path, {})[r.round_id] = (
-                r.tokens_per_second
-            )
     lines = []
-    for (max_tokens, concurrency), paths in sorted(rounds.items()):
+    for (max_tokens, concurrency), paths in sorted(tokens_per_round(results).items()):
         bare, stream = paths.get("bare", {}), paths.get("bare-stream", {})
         ratios = [stream[k] / bare[k] for k in sorted(set(bare) & set(stream)) if bare[k] > 0]
         if ratios:
