@@ -1,5 +1,5 @@
-"""Two Python-backend facts the core's design and the launcher rest on (docs/platform-notes.md T9, T10), shown on
-the real tritonserver with two trivial Python models (no vLLM)."""
+"""Python-backend facts the core's design and the launcher rest on (docs/platform-notes.md T9, T10), shown on the
+real tritonserver with trivial Python models (no vLLM)."""
 
 from __future__ import annotations
 
@@ -79,3 +79,20 @@ def test_t10_tritonserver_starts_the_thread_pool_for_every_python_instance(serve
     assert instances * PYTHON_BACKEND_THREADS <= threads < (instances + 1) * PYTHON_BACKEND_THREADS, json.dumps(
         {"threads": threads, "instances": instances, "pool": PYTHON_BACKEND_THREADS}
     )
+
+
+def test_t9_a_batching_model_cannot_declare_a_per_sequence_output(tmp_path: Path):
+    # The streaming ensemble's public text_output is dims [-1] (one element per sequence). A batching model declares
+    # its tensors after the batch dimension, so it would give that output as dims [], which tritonserver refuses:
+    # why the core that runs the postprocess stage in its sender cannot batch its intake.
+    (tmp_path / "vector" / "1").mkdir(parents=True)
+    (tmp_path / "vector" / "1" / "model.py").write_text(MODEL_PY)
+    config = CONFIG.format(name="vector", max_batch_size=8, count=1).replace(
+        'name: "y" data_type: TYPE_STRING dims: [1]', 'name: "y" data_type: TYPE_STRING dims: []'
+    )
+    assert "dims: []" in config
+    (tmp_path / "vector" / "config.pbtxt").write_text(config)
+    log = tmp_path / "tritonserver.log"
+    with pytest.raises(Exception):  # noqa: B017 - the server never gets ready; its log says why
+        start_on_free_ports(tmp_path, log, timeout=120)
+    assert "model output 'y' must specify 'dims'" in log.read_text(errors="replace")
