@@ -770,7 +770,8 @@ def _runs_of(doc: dict[str, Any]) -> list[LevelResult]:
 class ResultsFile:
     """OUT/results.json, rewritten (atomically) after every measured level: a command stopped by a time limit or a
     crashed server keeps what it measured, and a later `--merge` command goes on from there. With `merge`, the
-    runs already in the file stay and this command's repetitions continue their numbering per path."""
+    runs already in the file stay and this command's repetitions continue their numbering per path and level, so a
+    repetition split over commands by `--levels` (one command's time limit) numbers like one."""
 
     def __init__(self, path: Path, merge: bool, command: str, deployment: str, paths: Collection[str] = ()) -> None:
         self.path = path
@@ -795,7 +796,10 @@ class ResultsFile:
     def add(self, result: LevelResult) -> None:
         result.client = client_of(result.path)
         result.round_id = f"{len(self.commands) - 1}.{result.rep}"
-        result.rep += 1 + max((r.rep for r in self.earlier if r.path == result.path), default=-1)
+        level = (result.path, result.max_tokens, result.concurrency)
+        result.rep += 1 + max(
+            (r.rep for r in self.earlier if (r.path, r.max_tokens, r.concurrency) == level), default=-1
+        )
         self.results.append(result)
         self.write()
 

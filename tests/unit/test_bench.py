@@ -221,6 +221,19 @@ def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_aft
     assert [(r.path, r.rep) for r in load_runs(target)] == [("bare", 0)]
 
 
+def test_a_repetition_split_over_commands_by_levels_numbers_like_one(tmp_path: Path):
+    # A repetition of every level can outlast one command on the GPU machine: its levels then go to two commands
+    # (--levels 1,16 and --levels 64,256), and the next repetition's levels are numbered 1, not 2.
+    target = tmp_path / "results.json"
+    for command, levels in (("a", (1, 16)), ("b", (64, 256)), ("c", (1, 16)), ("d", (64, 256))):
+        results = ResultsFile(target, merge=True, command=command, deployment="d.yaml")
+        for concurrency in levels:
+            results.add(_run("bare", 100, concurrency=concurrency, rep=0))
+    runs = load_runs(target)
+    assert sorted((r.concurrency, r.rep) for r in runs) == [(c, rep) for c in (1, 16, 64, 256) for rep in (0, 1)]
+    assert all(row["reps"] == 2 for row in json.loads(target.read_text())["summary"])
+
+
 def test_merging_refuses_runs_of_a_path_measured_with_another_client(tmp_path: Path):
     from dataclasses import asdict
 
