@@ -32,9 +32,27 @@ from core.process_names import SEM_PREFIX_ENV  # plain Python: importing it star
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Python backend's thread-pool-size (default 32) caps the BLS calls in flight in a stub: measured on 2.51,
-# the plain path never had more than 32 requests in the engine, at any client concurrency. The deployment's
-# generate.max_in_flight (512 by default) needs at least as many. Pass it to a tritonserver you start yourself.
-PYTHON_BACKEND_THREADS = 512
+# the plain path never had more than 32 requests in the engine, at any client concurrency. A stub of generate (or of
+# an entry model) has up to its generate.max_in_flight (512 by default) in flight, so the launcher passes the
+# repository's largest (python_backend_threads); pass at least that to a tritonserver you start yourself. The pool
+# is started for every Python model instance (docs/platform-notes.md T10): no larger than needed.
+PYTHON_BACKEND_DEFAULT_THREADS = 32
+# The key of generate's and the entry models' settings.json (core/settings.py, GenerateSettings)
+_MAX_IN_FLIGHT = "max_in_flight"
+
+
+def python_backend_threads(repository: Path) -> int:
+    """thread-pool-size for a rendered repository: the most BLS worker threads any of its models has
+    (generate.max_in_flight, in the settings.json of generate and of the entry models), at least the default."""
+    most = PYTHON_BACKEND_DEFAULT_THREADS
+    for path in sorted(Path(repository).glob("*/*/settings.json")):
+        try:
+            value = json.loads(path.read_text()).get(_MAX_IN_FLIGHT)
+        except (OSError, ValueError, AttributeError):  # not ours to judge here: the model's load says what is wrong
+            continue
+        if isinstance(value, int):
+            most = max(most, value)
+    return most
 
 
 # Triton 2.51's log lines for a model that did not load, with the stub's Python error and its "At:" frames as
@@ -100,12 +118,13 @@ def out_of_threads(log_text: str, repository: Path) -> str | None:
     """Why the server died, when its log says a thread could not be started; None otherwise."""
     if not _OUT_OF_THREADS.search(log_text):
         return None
-    instances = python_instances(repository)
+    instances, pool = python_instances(repository), python_backend_threads(repository)
     return (
         "the host ran out of threads (the log says a thread could not be started): tritonserver starts"
-        f" thread-pool-size ({PYTHON_BACKEND_THREADS}) threads for every Python model instance, and this repository"
-        f" has {instances} (about {instances * PYTHON_BACKEND_THREADS} threads). Lower the deployment's instance"
-        " counts, or raise the host's limit (/proc/sys/kernel/threads-max, pid_max, the container's pids.max)"
+        f" thread-pool-size ({pool}) threads for every Python model instance, and this repository has {instances}"
+        f" (about {instances * pool} threads). Lower the deployment's instance counts or generate.max_in_flight"
+        " (the pool's size), or raise the host's limit (/proc/sys/kernel/threads-max, pid_max, the container's"
+        " pids.max)"
     )
 
 
@@ -251,7 +270,7 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             f"--exit-timeout-secs={self.exit_timeout_secs}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            f"--backend-config=python,thread-pool-size={PYTHON_BACKEND_THREADS}",
+            f"--backend-config=python,thread-pool-size={python_backend_threads(self.model_repository)}",
             *self.extra_args,
         ]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as http
 
-from tools.triton_server import PYTHON_BACKEND_THREADS, start_on_free_ports
+from tools.triton_server import python_backend_threads, start_on_free_ports
 
 pytestmark = pytest.mark.server
 
@@ -38,6 +38,9 @@ instance_group {{ count: {count} kind: KIND_CPU }}
 dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
 """
 MODELS = {"unbatched": (0, 1), "batched": (8, 3)}  # name -> (max_batch_size, instances)
+# The launcher sizes thread-pool-size by the repository's BLS worker threads (generate.max_in_flight in a rendered
+# repository's settings.json): one model here says 256, which the models themselves never read.
+POOL = 256
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         (repository / name / "1" / "model.py").write_text(MODEL_PY)
         config = CONFIG.format(name=name, max_batch_size=max_batch_size, count=count)
         (repository / name / "config.pbtxt").write_text(config)
+    (repository / "batched" / "1" / "settings.json").write_text(json.dumps({"max_in_flight": POOL}))
+    assert python_backend_threads(repository) == POOL
     server = start_on_free_ports(repository, repository / "tritonserver.log", timeout=120)
     yield server
     server.stop()
@@ -76,8 +81,8 @@ def test_t9_dynamic_batching_is_ignored_without_max_batch_size(server):
 def test_t10_tritonserver_starts_the_thread_pool_for_every_python_instance(server):
     instances = sum(count for _, count in MODELS.values())
     threads = len(list(Path(f"/proc/{server.process.pid}/task").iterdir()))
-    assert instances * PYTHON_BACKEND_THREADS <= threads < (instances + 1) * PYTHON_BACKEND_THREADS, json.dumps(
-        {"threads": threads, "instances": instances, "pool": PYTHON_BACKEND_THREADS}
+    assert instances * POOL <= threads < (instances + 1) * POOL, json.dumps(
+        {"threads": threads, "instances": instances, "pool": POOL}
     )
 
 

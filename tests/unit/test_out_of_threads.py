@@ -11,10 +11,11 @@ import pytest
 
 from repo_render import load_deployment, render, write
 from tools.triton_server import (
-    PYTHON_BACKEND_THREADS,
+    PYTHON_BACKEND_DEFAULT_THREADS,
     OutOfThreadsError,
     TritonServer,
     out_of_threads,
+    python_backend_threads,
     python_instances,
 )
 
@@ -50,8 +51,27 @@ def test_a_config_that_does_not_parse_is_left_to_tritons_own_message(tmp_path: P
 def test_a_log_that_says_a_thread_could_not_start_gets_the_cause_and_the_count(bench_repository: Path):
     reason = out_of_threads(LOG, bench_repository)
     assert reason is not None and "ran out of threads" in reason
-    assert f"has 28 (about {28 * PYTHON_BACKEND_THREADS} threads)" in reason
-    assert "instance counts" in reason and "pids.max" in reason
+    assert "thread-pool-size (512)" in reason and "has 28 (about 14336 threads)" in reason
+    assert "instance counts or generate.max_in_flight" in reason and "pids.max" in reason
+
+
+def _rendered(tmp_path: Path, generate: str) -> Path:
+    tmp_path.mkdir()
+    config = tmp_path / "deployment.yaml"
+    config.write_text(f"model: ./m\ngenerate: {generate}\n")
+    out = tmp_path / "repo"
+    write(render(load_deployment(config), out), out)
+    return out
+
+
+def test_the_pool_is_sized_by_the_repositorys_bls_threads(bench_repository: Path, tmp_path: Path):
+    # generate.max_in_flight (512 by default) worker threads each hold a BLS call: the pool is that large, and no
+    # larger, since tritonserver starts it for every Python instance (28 here).
+    assert python_backend_threads(bench_repository) == 512
+    assert python_backend_threads(_rendered(tmp_path / "a", "{instances: 4, max_in_flight: 128}")) == 128
+    # never below the Python backend's own default
+    assert python_backend_threads(_rendered(tmp_path / "b", "{max_in_flight: 8}")) == 32
+    assert python_backend_threads(tmp_path / "none") == PYTHON_BACKEND_DEFAULT_THREADS == 32
 
 
 def test_any_other_log_is_not_taken_for_it(bench_repository: Path):
