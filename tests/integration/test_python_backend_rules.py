@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as http
 
-from tools.triton_server import python_backend_threads, start_on_free_ports
+from tools.triton_server import ModelLoadError, python_backend_threads, start_on_free_ports
 
 pytestmark = pytest.mark.server
 
@@ -97,7 +97,7 @@ def test_t9_a_batching_model_cannot_declare_a_per_sequence_output(tmp_path: Path
     )
     assert "dims: []" in config
     (tmp_path / "vector" / "config.pbtxt").write_text(config)
-    log = tmp_path / "tritonserver.log"
-    with pytest.raises(Exception):  # noqa: B017 - the server never gets ready; its log says why
-        start_on_free_ports(tmp_path, log, timeout=120)
-    assert "model output 'y' must specify 'dims'" in log.read_text(errors="replace")
+    with pytest.raises(ModelLoadError) as refused:
+        start_on_free_ports(tmp_path, tmp_path / "tritonserver.log", timeout=120)
+    assert [f.model for f in refused.value.failures] == ["vector"]
+    assert "model output 'y' must specify 'dims'" in str(refused.value)
