@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -74,7 +75,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -1160,7 +1161,6 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
 
 
 async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], None]) -> None:
-    from tqdm import tqdm
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -1178,6 +1178,27 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         placement = EnginePlacement(setup.engine_cpus)
         pin_process(os.getpid(), placement.other_cpus)
         print(f"bench: {placement.describe()}", file=sys.stderr)
+    # Started after this process took its CPUs, so the busy loops inherit them and never share the engine's.
+    with busy_processes(args.background_load):
+        await measure_all(args, setup, on_result)
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` pure-Python busy loops (--background-load) for the block's duration, on this process's CPUs."""
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield load
+    finally:
+        for process in load:
+            process.kill()
+            process.wait()
+
+
+async def measure_all(args: argparse.Namespace, setup: BenchSetup, on_result: Callable[[LevelResult], None]) -> None:
+    from tqdm import tqdm
+
+    out: Path = args.out
     prompts = build_prompts(setup.tokenizer)
     levels = levels_for(args)
     if args.profile:
@@ -1318,16 +1339,11 @@ def main(argv: list[str] | None = None) -> int:
         paths=measured_paths(args),
     )
     stopped: BaseException | None = None
-    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.background_load)]
     try:
         asyncio.run(run_all(args, results.add))
     except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured
         stopped = exc
         traceback.print_exc()
-    finally:
-        for process in load:
-            process.kill()
-            process.wait()
     # Written after each level already; a run that measured nothing leaves an earlier file as it was.
     doc = results.document()
     plot(doc["summary"], args.out / "bench.png")

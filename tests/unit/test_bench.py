@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -387,3 +389,49 @@ def test_the_results_file_keeps_the_spread_next_to_the_targets(tmp_path: Path):
         results.add(_run(path, value, 256))
     document = json.loads((tmp_path / "results.json").read_text())
     assert document["noise"] == ["one engine, bare-stream / bare at 256 tokens x 256, per round: 0.90"]
+
+
+def test_background_load_runs_only_inside_its_block_and_on_this_process_cpus():
+    from tools.bench import busy_processes
+
+    with busy_processes(2) as load:
+        assert len(load) == 2 and all(p.poll() is None for p in load)
+        assert all(os.sched_getaffinity(p.pid) == os.sched_getaffinity(0) for p in load)
+    assert all(p.poll() is not None for p in load)  # killed and reaped: nothing keeps a CPU busy after the run
+
+
+def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: Path, monkeypatch):
+    """The busy loops inherit the bench's CPUs: started before it is placed, one could share the EngineCore's CPU."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import tools.bench as bench
+
+    events: list[str] = []
+    setup = SimpleNamespace(engine_env={}, engine_cpus=[0])
+    monkeypatch.setattr(bench, "bench_repository", lambda *args: setup)
+    monkeypatch.setattr(bench, "pin_process", lambda pid, cpus: events.append(f"pin {sorted(cpus)}"))
+
+    @contextlib.contextmanager
+    def busy(count):
+        events.append(f"load {count}")
+        yield []
+
+    async def measure(args, got_setup, on_result):
+        assert got_setup is setup
+        events.append("measure")
+
+    monkeypatch.setattr(bench, "busy_processes", busy)
+    monkeypatch.setattr(bench, "measure_all", measure)
+    args = SimpleNamespace(
+        out=tmp_path,
+        deployment=None,
+        variables={},
+        also_deployment=[],
+        vllm_backend=None,
+        paths=["bare"],
+        background_load=3,
+    )
+    asyncio.run(bench.run_all(args, lambda result: None))
+    others = sorted(os.sched_getaffinity(0) - {0})
+    assert events == [f"pin {others}", "load 3", "measure"]
