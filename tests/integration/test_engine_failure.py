@@ -104,8 +104,9 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     for thread in threads:
         thread.start()
     # Soon after they started: on an idle 2-core machine the 8 tiny-model requests once all finished within 0.7 s
-    # (CI of 274fae0). A request that has not reached the engine yet is refused UNAVAILABLE too, as asserted below.
-    time.sleep(0.3)
+    # (CI of 274fae0), and once within 0.3 s (2026-11-26, the front ends' test). A request that has not reached the
+    # engine yet is refused UNAVAILABLE too, as asserted below.
+    time.sleep(0.15)
     killed_at = time.monotonic()
     os.kill(engine, signal.SIGKILL)
     for thread in threads:
