@@ -118,7 +118,7 @@ class CoreStats:
 
     def _run(self) -> None:
         while not self._stopping.wait(self._interval):
-            if self._steps is not None and (steps := self._steps.snapshot()).steps:
+            if self._steps is not None and (steps := self._steps.snapshot()).counted:
                 self._logger.log_info(f"vllm_core {steps.describe()}")
             if self._lags is not None and ((lags := self._lags.snapshot()).requests or lags.outputs):
                 self._logger.log_info(f"vllm_core {lags.describe()}")

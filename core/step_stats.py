@@ -10,6 +10,11 @@ each step got slower. With vLLM's iteration details on (`enable_logging_iteratio
 prompt tokens (requests arriving spread out make more of them), the decode-only steps' rate alone, and how long
 the EngineCore waited for the model's result per step (the rest of a step is its own CPU work).
 `tools/bench.py --profile` turns them on for the bare engine and the core alike.
+
+With several front ends of one engine (core/front_ends.py) vLLM hands each step's scheduler statistics to one of
+them, and each front end sees only its own requests' tokens: every front end counts *untimed* (no gaps between
+steps, which would span steps handed to the others), and their counts add up to the engine's (steps, prompt
+steps, the batch, tokens); steps per second stay unknown.
 Triton-free and vLLM-free (the statistics are read by attribute), so unit tests reach it.
 """
 
@@ -39,23 +44,35 @@ class StepSnapshot:
     decode_busy_seconds: float = 0.0
     decode_wait_ms: float = 0.0
     prefill_wait_ms: float = 0.0
+    timed: bool = True  # False: one of several front ends' share of the steps, without their time (see above)
 
     @property
-    def steps_per_second(self) -> float:
+    def steps_per_second(self) -> float | None:
+        if not self.timed:
+            return None
         return self.steps / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+    @property
+    def counted(self) -> bool:
+        """Anything to log: steps, or tokens (one of several front ends may see its requests' tokens in an interval
+        whose steps' statistics all went to the others)."""
+        return bool(self.steps or self.generation_tokens or self.prompt_tokens)
 
     @property
     def decode_steps(self) -> int:
         return self.detailed_steps - self.prefill_steps
 
     @property
-    def decode_steps_per_second(self) -> float:
+    def decode_steps_per_second(self) -> float | None:
+        if not self.timed:
+            return None
         return self.decode_steps / self.decode_busy_seconds if self.decode_busy_seconds > 0 else 0.0
 
     def describe(self) -> str:
         """One log line; `parse_line` reads it back."""
+        busy = f"{self.busy_seconds:.3f} s busy" if self.timed else "untimed"
         return (
-            f"engine steps: {self.steps} in {self.seconds:.2f} s ({self.busy_seconds:.3f} s busy),"
+            f"engine steps: {self.steps} in {self.seconds:.2f} s ({busy}),"
             f" running mean {self.running_mean:.1f}"
             f" max {self.running_max}, waiting mean {self.waiting_mean:.1f},"
             f" tokens {self.generation_tokens} generated {self.prompt_tokens} prompt;"
@@ -65,15 +82,17 @@ class StepSnapshot:
         )
 
     def as_dict(self) -> dict[str, Any]:
+        rate, decode_rate = self.steps_per_second, self.decode_steps_per_second
         return {
             **asdict(self),
-            "steps_per_second": round(self.steps_per_second, 1),
-            "decode_steps_per_second": round(self.decode_steps_per_second, 1),
+            "steps_per_second": None if rate is None else round(rate, 1),
+            "decode_steps_per_second": None if decode_rate is None else round(decode_rate, 1),
         }
 
 
 _LINE = re.compile(
-    r"engine steps: (?P<steps>\d+) in (?P<seconds>[\d.]+) s \((?P<busy_seconds>[\d.]+) s busy\),"
+    r"engine steps: (?P<steps>\d+) in (?P<seconds>[\d.]+) s"
+    r" \((?:(?P<busy_seconds>[\d.]+) s busy|(?P<untimed>untimed))\),"
     r" running mean (?P<running_mean>[\d.]+)"
     r" max (?P<running_max>\d+), waiting mean (?P<waiting_mean>[\d.]+),"
     r" tokens (?P<generation_tokens>\d+) generated (?P<prompt_tokens>\d+) prompt"
@@ -88,12 +107,16 @@ def parse_line(line: str) -> StepSnapshot | None:
     match = _LINE.search(line)
     if match is None:
         return None
-    fields = {key: (int if key in _INTS else float)(value) for key, value in match.groupdict().items() if value}
-    return StepSnapshot(**fields)
+    found = {key: value for key, value in match.groupdict().items() if value}
+    untimed = found.pop("untimed", None) is not None
+    fields: dict[str, Any] = {key: (int if key in _INTS else float)(value) for key, value in found.items()}
+    fields.setdefault("busy_seconds", 0.0)  # an untimed line has none
+    return StepSnapshot(**fields, timed=not untimed)
 
 
 def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
-    """Several intervals as one (means weighted by steps); None for none with a step."""
+    """Several intervals as one (means weighted by steps; tokens from every interval, those of one front end without
+    steps too); None for none with a step."""
     busy = [snap for snap in snapshots if snap.steps]
     if not busy:
         return None
@@ -107,13 +130,14 @@ def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
         running_mean=_mean(sum(snap.running_mean * snap.steps for snap in busy), steps),
         running_max=max(snap.running_max for snap in busy),
         waiting_mean=_mean(sum(snap.waiting_mean * snap.steps for snap in busy), steps),
-        generation_tokens=sum(snap.generation_tokens for snap in busy),
-        prompt_tokens=sum(snap.prompt_tokens for snap in busy),
+        generation_tokens=sum(snap.generation_tokens for snap in snapshots),
+        prompt_tokens=sum(snap.prompt_tokens for snap in snapshots),
         detailed_steps=sum(snap.detailed_steps for snap in busy),
         prefill_steps=prefill_steps,
         decode_busy_seconds=sum(snap.decode_busy_seconds for snap in busy),
         decode_wait_ms=_mean(sum(snap.decode_wait_ms * snap.decode_steps for snap in busy), decode_steps),
         prefill_wait_ms=_mean(sum(snap.prefill_wait_ms * snap.prefill_steps for snap in busy), prefill_steps),
+        timed=all(snap.timed for snap in snapshots),
     )
 
 
@@ -140,9 +164,11 @@ class _Totals:
 
 
 class EngineSteps:
-    """A stat-logger sink (see core/metrics.py's stat_logger_factory); thread-safe."""
+    """A stat-logger sink (see core/metrics.py's stat_logger_factory); thread-safe. `timed=False` for one of several
+    front ends: it counts the steps handed to it and never times them."""
 
-    def __init__(self) -> None:
+    def __init__(self, timed: bool = True) -> None:
+        self.timed = timed
         self._lock = threading.Lock()
         self._since = time.perf_counter()
         self._last: tuple[float, int] | None = None  # the previous step: when, and how many were running
@@ -153,7 +179,8 @@ class EngineSteps:
             totals = self._totals
             if scheduler_stats is not None:
                 now = time.perf_counter()
-                took = now - self._last[0] if self._last is not None and self._last[1] > 0 else 0.0
+                timed = self.timed and self._last is not None and self._last[1] > 0
+                took = now - self._last[0] if timed else 0.0
                 totals.busy += took
                 self._last = (now, scheduler_stats.num_running_reqs)
                 details = getattr(scheduler_stats, "iteration_details", None)
@@ -193,4 +220,5 @@ class EngineSteps:
             decode_busy_seconds=totals.decode_busy,
             decode_wait_ms=_mean(totals.decode_wait, totals.detailed - totals.prefill),
             prefill_wait_ms=_mean(totals.prefill_wait, totals.prefill),
+            timed=self.timed,
         )

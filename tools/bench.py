@@ -53,7 +53,7 @@ apart with --interleave). --profile adds Triton's per-model statistics and each 
 the core's own counters in the Triton log, the engine's steps per level for the bare engine and the core alike
 (core/step_stats.py: requests running per step, steps per second; from vLLM's iteration details, the share of
 steps that computed prompt tokens, the decode-only steps' rate, the EngineCore's wait for the model's result per
-step), and py-spy profiles (when py-spy is on PATH)
+step; a core with several front ends counts its steps without their rates), and py-spy profiles (when py-spy is on PATH)
 of every Python process of the server (and of the bare engine's worker) during the largest level, or the one
 --profile-level names; tools/profile_summary.py prints their busiest functions. Results go to OUT/results.json
 (rewritten after every level, so a command stopped by a time limit or a dead server keeps what it measured; it
@@ -863,7 +863,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "cpu_s_per_1k_tokens": statistics.median(cpu) if cpu else None,
                 "client_cores": statistics.median(client) if client else None,
                 "engine_running_mean": statistics.median(x["running_mean"] for x in steps) if steps else None,
-                "engine_steps_per_s": statistics.median(x["steps_per_second"] for x in steps) if steps else None,
+                "engine_steps_per_s": _median_of([x["steps_per_second"] for x in steps]),
                 **engine_lag_columns([r.engine_lags for r in reps if r.engine_lags]),
                 **engine_detail_columns(detailed),
             }
@@ -899,14 +899,17 @@ def engine_detail_columns(steps: list[dict[str, Any]]) -> dict[str, float | None
     steps that computed prompt tokens, the decode-only steps' rate, and the EngineCore's wait for the model's
     result per decode step (the rest of a decode step's time is the EngineCore's own CPU work)."""
 
-    def median(value: Callable[[dict[str, Any]], float]) -> float | None:
-        return statistics.median(value(x) for x in steps) if steps else None
-
     return {
-        "engine_prefill_share": median(lambda x: x["prefill_steps"] / x["detailed_steps"]),
-        "engine_decode_steps_per_s": median(lambda x: x["decode_steps_per_second"]),
-        "engine_decode_wait_ms": median(lambda x: x["decode_wait_ms"]),
+        "engine_prefill_share": _median_of([x["prefill_steps"] / x["detailed_steps"] for x in steps]),
+        "engine_decode_steps_per_s": _median_of([x["decode_steps_per_second"] for x in steps]),
+        "engine_decode_wait_ms": _median_of([x["decode_wait_ms"] for x in steps]),
     }
+
+
+def _median_of(values: list[float | None]) -> float | None:
+    """The median of the known values (a rate is None from a core with several front ends, core/step_stats.py)."""
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def engine_lag_columns(lags: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -951,7 +954,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         " median of the ratios of the repetitions in which both were measured (seconds apart with --interleave);"
         " client: cores the client used"
     )
-    # A core with several front ends logs the trips only (its step counters would be wrong): "-" for the steps.
+    # A core with several front ends counts its steps untimed (core/step_stats.py): "-" for the rates.
     engine_rows = [
         row for row in rows if row.get("engine_running_mean") is not None or row.get("engine_intake_ms") is not None
     ]

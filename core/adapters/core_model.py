@@ -87,10 +87,10 @@ class CoreModel:
             self._metrics = TritonMetrics(labels, None if fe is None else GaugeClock(fe.gauge_clock_path))
             sinks.append(self._metrics.buffer)
         # The opt-in counters (core/core_stats.py) include the engine's steps and trips, which need vLLM's statistics.
-        # With several front ends vLLM sends each step's statistics to one of them and none can time a step: the
-        # step counters would be wrong, so only the per-request trips are kept.
+        # With several front ends vLLM sends each step's statistics to one of them: each counts its share untimed,
+        # and the shares add up (core/step_stats.py).
         profiling = CoreStats.seconds_from_environment() > 0
-        steps = EngineSteps() if profiling and fe is None else None
+        steps = EngineSteps(timed=fe is None) if profiling else None
         lags = EngineLags() if profiling else None
         if steps is not None:
             sinks.append(steps)

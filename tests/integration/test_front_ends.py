@@ -13,6 +13,7 @@ import time
 import pytest
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY
+from core.step_stats import combine, parse_line
 from tests.integration.test_engine_failure import QUICK_SECONDS, _engine_cores, _kill_in_flight
 from tests.support.reliability_helpers import render_repository, scrape
 from tests.support.triton_helpers import PLAIN_MODEL, grpc_inputs, grpc_stream
@@ -70,6 +71,12 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         time.sleep(2.5)  # the core logs its counters every second, at the end of each interval
         served = {int(m[2]) for m in _STATS.finditer(log.read_text(errors="replace")) if int(m[1]) > 0}
         assert served == set(range(FRONT_ENDS)), f"front ends that took requests: {served}"
+        # Each front end counts the engine steps whose statistics vLLM handed it, untimed; together they count
+        # every step's tokens once (core/step_stats.py)
+        steps = combine([snap for line in log.read_text(errors="replace").splitlines() if (snap := parse_line(line))])
+        assert steps is not None and not steps.timed and steps.steps_per_second is None
+        assert steps.generation_tokens == GREEDY["max_tokens"] * (len(prompts) + 3)
+        assert 1 <= steps.prefill_steps < steps.detailed_steps <= steps.steps
 
         # Both front ends publish into one series per metric (published every 0.2 s; slept above)
         samples = scrape(server)

@@ -107,6 +107,26 @@ def test_a_core_with_several_front_ends_shows_its_trips_without_step_counters(ca
     assert line[3:] == ["-"] * 8 + ["30.0", "10.0"]
 
 
+def test_a_core_with_several_front_ends_shows_its_batch_and_prompt_steps_without_rates(capsys):
+    """Its front ends count the engine's steps untimed (core/step_stats.py): the batch, the share of steps that
+    computed prompt tokens and the wait per step are known, the rates (and the CPU per step from them) are not."""
+    bare, ours = _run("bare", 200), _run("plain-grpc", 190)
+    bare.engine_steps = {
+        "running_mean": 60, "steps_per_second": 220, "detailed_steps": 100, "prefill_steps": 10,
+        "decode_steps_per_second": 250.0, "decode_wait_ms": 0.05,
+    }  # fmt: skip
+    ours.engine_steps = {
+        "running_mean": 55, "steps_per_second": None, "detailed_steps": 100, "prefill_steps": 25,
+        "decode_steps_per_second": None, "decode_wait_ms": 0.06,
+    }  # fmt: skip
+    rows = {row["path"]: row for row in summarize([bare, ours])}
+    assert rows["plain-grpc"]["engine_steps_per_s"] is None and rows["plain-grpc"]["engine_prefill_share"] == 0.25
+    print_table(list(rows.values()))
+    engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
+    line = next(line.split() for line in engine_table.splitlines() if line.startswith("plain-grpc"))
+    assert line[3:10] == ["55.0", "-", "-", "0.25", "-", "-", "0.06"] and line[10] == "-"
+
+
 def test_targets_say_met_or_not_per_level_and_judge_ttft():
     runs = [
         _run("bare", 100, 256),

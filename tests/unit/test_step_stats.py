@@ -114,3 +114,35 @@ def test_intervals_combine_weighted_by_their_steps_and_idle_ones_drop_out():
     assert both.decode_busy_seconds == pytest.approx(0.7)
     assert both.decode_wait_ms == pytest.approx((90 * 1.0 + 70 * 2.0) / 160)
     assert both.prefill_wait_ms == pytest.approx((10 * 4.0 + 30 * 2.0) / 40)
+
+
+def test_front_ends_of_one_engine_count_their_share_of_steps_untimed_and_the_shares_add_up():
+    """vLLM hands each step's statistics to one of several front ends, each sees its own requests' tokens: each
+    counts untimed, and combined they are the engine's steps, prompt steps, batch and tokens, with no rate."""
+    shares = [EngineSteps(timed=False), EngineSteps(timed=False)]
+    # six steps of one engine, handed alternately to the two front ends: the first two computed prompt tokens
+    for step, (running, prompt) in enumerate([(2, 300), (4, 200), (4, 0), (4, 0), (4, 0), (2, 0)]):
+        shares[step % 2].record(_scheduler(running, details=_details(prompt, 1.0)), None)
+        time.sleep(0.005)
+    for share, generated in zip(shares, (10, 6), strict=True):  # each front end's own requests' tokens
+        share.record(None, _iteration(generated))
+    snaps = [share.snapshot() for share in shares]
+    assert all(not snap.timed and snap.busy_seconds == 0.0 and snap.steps_per_second is None for snap in snaps)
+    for snap in snaps:  # the log line says so, and reads back (to its printed precision)
+        line = snap.describe()
+        read = parse_line(f"vllm_core {line}")
+        assert "(untimed)" in line and read is not None and not read.timed and read.describe() == line
+    # a third front end got tokens of its requests but none of the steps' statistics: logged and counted all the same
+    third = EngineSteps(timed=False)
+    third.record(None, _iteration(5))
+    tokens_only = third.snapshot()
+    assert tokens_only.steps == 0 and tokens_only.counted and not EngineSteps(timed=False).snapshot().counted
+    engine = combine([*snaps, tokens_only])
+    assert engine is not None and not engine.timed
+    assert (engine.steps, engine.detailed_steps, engine.prefill_steps, engine.generation_tokens) == (6, 6, 2, 21)
+    assert engine.running_mean == pytest.approx(20 / 6) and engine.running_max == 4
+    assert engine.steps_per_second is None and engine.decode_steps_per_second is None
+    assert engine.as_dict()["steps_per_second"] is None
+    # a timed interval combined with an untimed one has no rate either
+    timed = StepSnapshot(0.5, 0.5, 100, 200.0, 256, 0.0, 20000, 0)
+    assert combine([timed, snaps[0]]).steps_per_second is None
