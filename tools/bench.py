@@ -1164,7 +1164,6 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
 
 
 async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], None]) -> None:
-
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     setup = bench_repository(out, args.deployment, args.variables, args.also_deployment)
