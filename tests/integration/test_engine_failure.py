@@ -87,6 +87,13 @@ def _core_stub_rss_mib(server) -> float:
     return float("nan")
 
 
+def _assert_server_up(server) -> None:
+    """A refused connection is UNAVAILABLE too: fail at once, with the server's exit code and the end of its log."""
+    if server.process.poll() is not None:
+        tail = "\n".join(server.log_text().splitlines()[-80:])
+        pytest.fail(f"tritonserver exited with {server.process.returncode}; the end of its log:\n{tail}")
+
+
 def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     """IN_FLIGHT long plain requests, the EngineCore killed under them; their outcomes after all came back."""
     from tritonclient.utils import InferenceServerException
@@ -112,6 +119,7 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     for thread in threads:
         thread.join(timeout=130)
     assert not any(t.is_alive() for t in threads), "an in-flight request hung"
+    _assert_server_up(server)
     failed = [(e, at - killed_at) for e, at in outcomes if e != "finished"]
     assert failed, "every in-flight request finished before the kill: make them longer"
     assert all(e.status() == "StatusCode.UNAVAILABLE" for e, _ in failed), failed
@@ -119,14 +127,16 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     return failed
 
 
-def _poll(client, until: str) -> tuple[list[str], str | None]:
+def _poll(server, client, until: str) -> tuple[list[str], str | None]:
     """Send the reference request every 0.5 s until it succeeds (until="success") or its error message contains
-    `until`; every other answer must be a quick UNAVAILABLE. (The errors seen, the text or None.)"""
+    `until`; every other answer must be a quick UNAVAILABLE from a server still running. (The errors seen, the text
+    or None.)"""
     from tritonclient.utils import InferenceServerException
 
     errors: list[str] = []
     deadline = time.monotonic() + RESTART_LIMIT_SECONDS
     while time.monotonic() < deadline:
+        _assert_server_up(server)
         start = time.monotonic()
         try:
             result = client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=60)
@@ -161,7 +171,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
 
         killed_at = time.monotonic()
         failed = _kill_in_flight(server, client, first)
-        errors, text = _poll(client, until="success")
+        errors, text = _poll(server, client, until="success")
         recovered_seconds = time.monotonic() - killed_at
         # requests that came while it restarted were told so; after it, the same request gets the same answer
         assert errors and all("restarting" in message for message in errors), errors
@@ -187,7 +197,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
 
         # a second death within a minute of the restart: with max_restarts=1 the core gives up and stays down
         os.kill(engines[0], signal.SIGKILL)
-        down_errors, _ = _poll(client, until="stays down")
+        down_errors, _ = _poll(server, client, until="stays down")
         time.sleep(3)  # longer than the backoff: no further restart is attempted
         with pytest.raises(Exception, match="stays down"):
             client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=60)
