@@ -18,10 +18,8 @@ import time
 
 import pytest
 import requests
-import yaml
 
-from repo_render import DEFAULT_CONFIG
-from tests.support.reliability_helpers import render_repository, scrape, start_server, vllm_metric
+from tests.support.reliability_helpers import default_engine_args, render_repository, scrape, start_server, vllm_metric
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, env_int, grpc_infer, grpc_inputs, text_of
 
 pytestmark = pytest.mark.server
@@ -35,8 +33,9 @@ ONE = {"temperature": 0, "max_tokens": 7, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def bls_server(tiny_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("bls")
-    engine_args = {**yaml.safe_load(DEFAULT_CONFIG.read_text())["engine_args"], "max_model_len": 2048}
-    repository = render_repository(work / "repository", entry="bls", metrics=True, engine_args=engine_args)
+    repository = render_repository(
+        work / "repository", entry="bls", metrics=True, engine_args=default_engine_args(max_model_len=2048)
+    )
     server = start_server(repository, work / "tritonserver.log")
     yield server
     server.stop()

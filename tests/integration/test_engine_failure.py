@@ -14,12 +14,22 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.reliability_helpers import render_repository, scrape, start_server, vllm_metric
+from tests.support.reliability_helpers import (
+    default_engine_args,
+    render_repository,
+    scrape,
+    start_server,
+    vllm_metric,
+)
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
 
 pytestmark = pytest.mark.server
 
-LONG = {"temperature": 0, "max_tokens": 480, "ignore_eos": True}
+# Seconds of decoding on the tiny model even with 8 at once, so the kill lands while they run even when the test's
+# thread wakes late: in CI of 15da0f0 the kill came over 1 s after eight 480-token requests started (a 0.15 s sleep),
+# when they had all finished (the server's log: 1.03 s in the engine each).
+LONG = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}
+LONG_ENGINE_ARGS = default_engine_args(max_model_len=2048)  # room for LONG; the servers that get killed use it
 IN_FLIGHT = 8
 QUICK_SECONDS = 30  # generous on a shared machine; a hang would be the 120 s client timeout
 
@@ -35,7 +45,9 @@ def test_killed_engine_gives_unavailable_in_flight_and_after(tiny_model, tmp_pat
     from tritonclient.utils import InferenceServerException
 
     # restart off: the engine stays dead, as Triton 2.51's Python backend cannot mark the core not ready
-    repository = render_repository(tmp_path / "repository", entry=entry, health={"restart_engine": False})
+    repository = render_repository(
+        tmp_path / "repository", entry=entry, health={"restart_engine": False}, engine_args=LONG_ENGINE_ARGS
+    )
     server = start_server(repository, tmp_path / "tritonserver.log")
     try:
         engines = _engine_cores(server)
@@ -110,10 +122,8 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     threads = [threading.Thread(target=plain) for _ in range(IN_FLIGHT)]
     for thread in threads:
         thread.start()
-    # Soon after they started: on an idle 2-core machine the 8 tiny-model requests once all finished within 0.7 s
-    # (CI of 274fae0), and once within 0.3 s (2026-11-26, the front ends' test). A request that has not reached the
-    # engine yet is refused UNAVAILABLE too, as asserted below.
-    time.sleep(0.15)
+    # Time to reach the engine; a request that has not yet is refused UNAVAILABLE too, as asserted below
+    time.sleep(0.5)
     killed_at = time.monotonic()
     os.kill(engine, signal.SIGKILL)
     for thread in threads:
@@ -159,7 +169,9 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
 
     health = {"restart_engine": True, "max_restarts": 1, "restart_backoff_seconds": 1.0}
     metrics = entry == "bls"  # one variant with vLLM's metrics on: the new engine must feed them too
-    repository = render_repository(tmp_path / "repository", entry=entry, health=health, metrics=metrics)
+    repository = render_repository(
+        tmp_path / "repository", entry=entry, health=health, metrics=metrics, engine_args=LONG_ENGINE_ARGS
+    )
     log = tmp_path / "tritonserver.log"
     server = start_server(repository, log)
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY
 from core.step_stats import combine, parse_line
-from tests.integration.test_engine_failure import QUICK_SECONDS, _engine_cores, _kill_in_flight
+from tests.integration.test_engine_failure import LONG_ENGINE_ARGS, QUICK_SECONDS, _engine_cores, _kill_in_flight
 from tests.support.reliability_helpers import render_repository, scrape
 from tests.support.triton_helpers import PLAIN_MODEL, grpc_inputs, grpc_stream
 from tools.triton_server import start_on_free_ports
@@ -40,6 +40,7 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         core={"front_ends": FRONT_ENDS},
         health={"restart_engine": False},
         metrics=True,
+        engine_args=LONG_ENGINE_ARGS,  # the in-flight requests that the engine's death fails are long
         # one EngineCore process for every front end: vLLM's multiprocessing on (the CPU default turns it off)
         engine_env={"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     )

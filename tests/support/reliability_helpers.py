@@ -27,6 +27,12 @@ def render_repository(out: Path, *, entry: str = "bls", **overrides: object) -> 
     return out
 
 
+def default_engine_args(**changes: object) -> dict:
+    """The default deployment's engine_args with `changes`, e.g. max_model_len=2048 (the tiny model's longest) for
+    requests that run for seconds."""
+    return {**yaml.safe_load(repo_render.DEFAULT_CONFIG.read_text())["engine_args"], **changes}
+
+
 def start_server(repository: Path, log: Path, exit_timeout_secs: int = 10) -> TritonServer:
     return start_on_free_ports(repository, log, exit_timeout_secs=exit_timeout_secs)
 
