@@ -5,7 +5,7 @@ same model, engine args and engine environment (those of one deployment file).
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
         [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge]
         [--interleave] [--profile] [--quick]
-        [--max-requests 512] [--client-processes 1] [--background-load 0] [--out .bench]
+        [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin] [--out .bench]
 
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
@@ -58,7 +58,8 @@ of every Python process of the server (and of the bare engine's worker) during t
 --profile-level names; tools/profile_summary.py prints their busiest functions. Results go to OUT/results.json
 (rewritten after every level, so a command stopped by a time limit or a dead server keeps what it measured; it
 then exits 1) and OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see how much the
-engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them).
+engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them);
+--background-load-kind memory makes them copy memory too (bandwidth and the shared cache), not only spin.
 """
 
 from __future__ import annotations
@@ -1181,14 +1182,23 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         pin_process(os.getpid(), placement.other_cpus)
         print(f"bench: {placement.describe()}", file=sys.stderr)
     # Started after this process took its CPUs, so the busy loops inherit them and never share the engine's.
-    with busy_processes(args.background_load):
+    with busy_processes(args.background_load, args.background_load_kind):
         await measure_all(args, setup, on_result)
 
 
+# --background-load-kind: what each busy process does. `spin` keeps a CPU busy and little else; `memory` copies
+# 256 MiB into another 256 MiB over and over (a memmove, no page faults), so it also takes memory bandwidth and
+# evicts the last-level cache that CPUs share (as a server's busy processes may, beside a CPU-bound EngineCore).
+BACKGROUND_LOADS = {
+    "spin": "while True: pass",
+    "memory": "source, target = bytearray(256 << 20), bytearray(256 << 20)\nwhile True: target[:] = source",
+}
+
+
 @contextlib.contextmanager
-def busy_processes(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """`count` pure-Python busy loops (--background-load) for the block's duration, on this process's CPUs."""
-    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+def busy_processes(count: int, kind: str = "spin") -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` busy processes of `kind` (--background-load) for the block's duration, on this process's CPUs."""
+    load = [subprocess.Popen([sys.executable, "-c", BACKGROUND_LOADS[kind]]) for _ in range(count)]
     try:
         yield load
     finally:
@@ -1323,6 +1333,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="keep N CPUs busy with pure-Python loops for the whole run (how the engine steps on a busy host)",
+    )
+    parser.add_argument(
+        "--background-load-kind",
+        choices=sorted(BACKGROUND_LOADS),
+        default="spin",
+        help="what the --background-load processes do: spin (a CPU), or memory (a CPU, memory bandwidth and cache)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", type=Path, help=argparse.SUPPRESS)

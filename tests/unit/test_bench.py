@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -414,9 +415,13 @@ def test_the_results_file_keeps_the_spread_next_to_the_targets(tmp_path: Path):
 def test_background_load_runs_only_inside_its_block_and_on_this_process_cpus():
     from tools.bench import busy_processes
 
-    with busy_processes(2) as load:
-        assert len(load) == 2 and all(p.poll() is None for p in load)
+    with busy_processes(1) as spin, busy_processes(1, "memory") as memory:
+        load = spin + memory
+        assert all(p.poll() is None for p in load)
         assert all(os.sched_getaffinity(p.pid) == os.sched_getaffinity(0) for p in load)
+        time.sleep(1.0)  # the memory load's buffer is allocated and copied over and over: ~256 MiB resident or more
+        rss_mib = [int(Path(f"/proc/{p.pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024 for p in load]
+        assert rss_mib[0] < 64 and rss_mib[1] >= 256, rss_mib
     assert all(p.poll() is not None for p in load)  # killed and reaped: nothing keeps a CPU busy after the run
 
 
@@ -433,8 +438,8 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
     monkeypatch.setattr(bench, "pin_process", lambda pid, cpus: events.append(f"pin {sorted(cpus)}"))
 
     @contextlib.contextmanager
-    def busy(count):
-        events.append(f"load {count}")
+    def busy(count, kind):
+        events.append(f"load {count} {kind}")
         yield []
 
     async def measure(args, got_setup, on_result):
@@ -451,7 +456,8 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         vllm_backend=None,
         paths=["bare"],
         background_load=3,
+        background_load_kind="memory",
     )
     asyncio.run(bench.run_all(args, lambda result: None))
     others = sorted(os.sched_getaffinity(0) - {0})
-    assert events == [f"pin {others}", "load 3", "measure"]
+    assert events == [f"pin {others}", "load 3 memory", "measure"]
