@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import front_ends
+from core.engine_config import serving_usage_context
 from core.engine_lags import EngineLags
 from core.front_ends import FrontEnd, LaunchedEngine
 from core.gc_heap import freeze_startup_heap, unfreeze_heap
@@ -76,6 +77,17 @@ def prepare_process_environment() -> None:
     from core.cpu_amx import install as request_amx
 
     request_amx()
+
+
+def start_own_engine(engine_args: dict[str, Any], stat_loggers: list[Any] | None) -> Any:
+    """vLLM's AsyncLLM with an EngineCore of its own, configured as every engine of the core is: with vLLM's server
+    defaults for what the engine args leave out (core/engine_config.py)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(
+        AsyncEngineArgs(**engine_args), usage_context=serving_usage_context(), stat_loggers=stat_loggers
+    )
 
 
 class _FinalOnce:
@@ -194,10 +206,7 @@ class Engine:
         if self._front_end is not None:
             llm = self._attach_front_end(self._front_end)
         else:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-
-            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args), stat_loggers=self._stat_loggers)
+            llm = start_own_engine(self._engine_args, self._stat_loggers)
         if self._on_start is not None:
             self._on_start()
         return llm

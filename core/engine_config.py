@@ -1,4 +1,5 @@
-"""Reading `vllm_core/1/model.json`: vLLM `AsyncEngineArgs` keys, as in the Triton vLLM backend's model.json.
+"""Reading `vllm_core/1/model.json`: vLLM `AsyncEngineArgs` keys, as in the Triton vLLM backend's model.json; and the
+usage context vLLM's config is built with from them.
 
 Paths: a value of `model` or `tokenizer` that starts with "./" or "../" is relative to the model repository's
 root (so a rendered repository is the same on every machine); anything else (an absolute path, a hub name) is
@@ -40,3 +41,14 @@ def load_engine_args(model_json: Path) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise ValueError(f"{model_json}: expected a JSON object of vLLM engine arguments")
     return resolve_paths(args, model_json.parent.parent.parent)
+
+
+def serving_usage_context() -> Any:
+    """The usage context every engine of the core is configured with: that of vLLM's own servers (`vllm serve`,
+    vLLM's gRPC server), not AsyncLLM's default ENGINE_CONTEXT (the Triton vLLM backend's). vLLM picks by it the
+    defaults of `max_num_batched_tokens` and `max_num_seqs` where the engine args leave them out: on an H100 or H200
+    8192 and 1024 for a server against 2048 and 128, so a deployment that does not set them serves as many requests
+    at once as `vllm serve` would (on a CPU both contexts give 2048 and 128)."""
+    from vllm.usage.usage_lib import UsageContext
+
+    return UsageContext.OPENAI_API_SERVER

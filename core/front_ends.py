@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.engine_config import serving_usage_context
+
 # tritonserver's instance names: "<group name>_<index in the group>"; the renderer writes one group (the default
 # group name is "<model>_<group index>", so the core's instances are "vllm_core_0_0", "vllm_core_0_1", ...).
 _INSTANCE_INDEX = re.compile(r"_(\d+)$")
@@ -117,10 +119,9 @@ class LaunchedEngine:
 def vllm_config(engine_args: dict[str, Any]) -> tuple[Any, Any]:
     """vLLM's config and executor class for these engine args (built once per front end: launch and client)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.executor import Executor
 
-    config = AsyncEngineArgs(**engine_args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+    config = AsyncEngineArgs(**engine_args).create_engine_config(serving_usage_context())
     return config, Executor.get_class(config)
 
 

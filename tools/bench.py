@@ -450,18 +450,16 @@ class VllmServe:
 
 
 async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None:
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind, SamplingParams
-    from vllm.v1.engine.async_llm import AsyncLLM
 
-    from core.engine import prepare_process_environment
+    from core.engine import prepare_process_environment, start_own_engine
 
     prepare_process_environment()
     engine_args, stat_loggers, steps, lags = spec["engine_args"], None, None, None
     if spec.get("profile"):  # the engine's steps and lags per level, as the core counts them under --profile
         steps, lags = EngineSteps(), EngineLags()
         engine_args, stat_loggers = profiled_engine_args(engine_args), [stat_logger_factory(steps)]
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=stat_loggers)
+    llm = start_own_engine(engine_args, stat_loggers)  # configured as the core configures ours
     if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
         EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
     # Frozen as `vllm serve` freezes its own, whatever TRITON_VLLM_GC_FREEZE says (that switch is for our server).
