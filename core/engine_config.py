@@ -45,7 +45,7 @@ def load_engine_args(model_json: Path) -> dict[str, Any]:
 
 def serving_usage_context() -> Any:
     """The usage context every engine of the core is configured with: that of vLLM's own servers (`vllm serve`,
-    vLLM's gRPC server), not AsyncLLM's default ENGINE_CONTEXT (the Triton vLLM backend's). vLLM picks by it the
+    vLLM's gRPC server; the Triton vLLM backend's too), not AsyncLLM's default ENGINE_CONTEXT. By it vLLM picks the
     defaults of `max_num_batched_tokens` and `max_num_seqs` where the engine args leave them out: on an H100 or H200
     8192 and 1024 for a server against 2048 and 128, so a deployment that does not set them serves as many requests
     at once as `vllm serve` would (on a CPU both contexts give 2048 and 128)."""
