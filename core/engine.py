@@ -479,7 +479,7 @@ class Engine:
             async for output in self._llm.generate(prompt, sampling, request_id, lora_request=lora):
                 finished = output.finished
                 if self._lags is not None:
-                    self._lags.output(getattr(output, "metrics", None), submitted, first)
+                    self._lags.output(getattr(output, "metrics", None), submitted, first, finished)
                     first = False
                 if not sampling.detokenize and windows is None:
                     windows = TokenWindows(output.prompt_token_ids, self._sync_ids, sampling.logprobs is not None)

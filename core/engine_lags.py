@@ -8,7 +8,10 @@ the system's, so they compare with the consumer's own. `EngineLags` adds up, bet
 - intake: from the moment the request was handed over (the core's `execute`, the bare client's call) until the
   EngineCore queued it: the front end's input handling and the trip to the EngineCore;
 - return: from the end of the step that made an output until its consumer has it: the trip back, vLLM's output
-  handling for the whole step, and the wait for the consumer's coroutine to run.
+  handling for the whole step, and the wait for the consumer's coroutine to run;
+- and, from each finished request's timestamps, its time inside the EngineCore: queue (queued until first
+  scheduled), prefill (scheduled until the step that made its first token ended) and the mean time per token after
+  the first (until the step that made its last token ended).
 
 Side by side with the bare engine they say how much of a served request's time outside the engine is the front
 end's own (the core's one interpreter runs it with everything else). `tools/bench.py --profile` turns them on for
@@ -30,12 +33,18 @@ class LagSnapshot:
     intake_ms: float  # mean
     outputs: int
     return_ms: float  # mean
+    finished: int = 0  # finished requests with every timestamp, and their means inside the EngineCore:
+    queue_ms: float = 0.0
+    prefill_ms: float = 0.0
+    token_ms: float = 0.0  # per token after the first
 
     def describe(self) -> str:
         """One log line; `parse_line` reads it back."""
         return (
             f"engine lags: intake {self.intake_ms:.2f} ms mean over {self.requests} requests,"
-            f" return {self.return_ms:.2f} ms mean over {self.outputs} outputs"
+            f" return {self.return_ms:.2f} ms mean over {self.outputs} outputs;"
+            f" inside: queue {self.queue_ms:.2f} ms, prefill {self.prefill_ms:.2f} ms,"
+            f" {self.token_ms:.3f} ms per token, means over {self.finished} finished requests"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -44,7 +53,9 @@ class LagSnapshot:
 
 _LINE = re.compile(
     r"engine lags: intake (?P<intake_ms>-?[\d.]+) ms mean over (?P<requests>\d+) requests,"
-    r" return (?P<return_ms>-?[\d.]+) ms mean over (?P<outputs>\d+) outputs"
+    r" return (?P<return_ms>-?[\d.]+) ms mean over (?P<outputs>\d+) outputs;"
+    r" inside: queue (?P<queue_ms>-?[\d.]+) ms, prefill (?P<prefill_ms>-?[\d.]+) ms,"
+    r" (?P<token_ms>-?[\d.]+) ms per token, means over (?P<finished>\d+) finished requests"
 )
 
 
@@ -58,6 +69,10 @@ def parse_line(line: str) -> LagSnapshot | None:
         intake_ms=float(fields["intake_ms"]),
         outputs=int(fields["outputs"]),
         return_ms=float(fields["return_ms"]),
+        finished=int(fields["finished"]),
+        queue_ms=float(fields["queue_ms"]),
+        prefill_ms=float(fields["prefill_ms"]),
+        token_ms=float(fields["token_ms"]),
     )
 
 
@@ -65,13 +80,22 @@ def combine(snapshots: list[LagSnapshot]) -> LagSnapshot | None:
     """Several intervals as one (means weighted by their counts); None when none counted anything."""
     requests = sum(snap.requests for snap in snapshots)
     outputs = sum(snap.outputs for snap in snapshots)
+    finished = sum(snap.finished for snap in snapshots)
     if not requests and not outputs:
         return None
+
+    def weighted(name: str, count: str, total: int) -> float:
+        return _mean(sum(getattr(snap, name) * getattr(snap, count) for snap in snapshots), total)
+
     return LagSnapshot(
         requests=requests,
-        intake_ms=_mean(sum(snap.intake_ms * snap.requests for snap in snapshots), requests),
+        intake_ms=weighted("intake_ms", "requests", requests),
         outputs=outputs,
-        return_ms=_mean(sum(snap.return_ms * snap.outputs for snap in snapshots), outputs),
+        return_ms=weighted("return_ms", "outputs", outputs),
+        finished=finished,
+        queue_ms=weighted("queue_ms", "finished", finished),
+        prefill_ms=weighted("prefill_ms", "finished", finished),
+        token_ms=weighted("token_ms", "finished", finished),
     )
 
 
@@ -87,6 +111,10 @@ class _Totals:
     intake: float = 0.0
     outputs: int = 0
     back: float = 0.0
+    finished: int = 0
+    queue: float = 0.0
+    prefill: float = 0.0
+    per_token: float = 0.0
 
 
 class EngineLags:
@@ -96,13 +124,17 @@ class EngineLags:
         self._lock = threading.Lock()
         self._totals = _Totals()
 
-    def output(self, metrics: Any, submitted: float, first: bool) -> None:
-        """An output of a request handed to the engine at `submitted` (time.monotonic()) has just arrived."""
+    def output(self, metrics: Any, submitted: float, first: bool, finished: bool = False) -> None:
+        """An output of a request handed to the engine at `submitted` (time.monotonic()) has just arrived;
+        `finished`: it is the request's last."""
         if metrics is None:  # vLLM's statistics are off
             return
         now = time.monotonic()
         last_token = getattr(metrics, "last_token_ts", 0.0) or 0.0
         queued = getattr(metrics, "queued_ts", 0.0) or 0.0
+        scheduled = getattr(metrics, "scheduled_ts", 0.0) or 0.0
+        first_token = getattr(metrics, "first_token_ts", 0.0) or 0.0
+        tokens = getattr(metrics, "num_generation_tokens", 0) or 0
         with self._lock:
             totals = self._totals
             if last_token > 0:
@@ -111,6 +143,11 @@ class EngineLags:
             if first and queued > 0:
                 totals.requests += 1
                 totals.intake += queued - submitted
+            if finished and tokens > 1 and 0 < queued <= scheduled <= first_token <= last_token:
+                totals.finished += 1
+                totals.queue += scheduled - queued
+                totals.prefill += first_token - scheduled
+                totals.per_token += (last_token - first_token) / (tokens - 1)
 
     def snapshot(self) -> LagSnapshot:
         """The figures since the last snapshot (and start again)."""
@@ -121,4 +158,8 @@ class EngineLags:
             intake_ms=1000 * _mean(totals.intake, totals.requests),
             outputs=totals.outputs,
             return_ms=1000 * _mean(totals.back, totals.outputs),
+            finished=totals.finished,
+            queue_ms=1000 * _mean(totals.queue, totals.finished),
+            prefill_ms=1000 * _mean(totals.prefill, totals.finished),
+            token_ms=1000 * _mean(totals.per_token, totals.finished),
         )

@@ -475,7 +475,7 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
             ttft = None
             async for output in llm.generate({"prompt_token_ids": prompt.ids}, params, f"bare-{next(counter)}"):
                 if lags is not None:
-                    lags.output(output.metrics, submitted, ttft is None)
+                    lags.output(output.metrics, submitted, ttft is None, output.finished)
                 if ttft is None:
                     ttft = time.perf_counter() - start
             return Sample(time.perf_counter() - start, ttft if stream else None, max_tokens)
@@ -915,9 +915,17 @@ def engine_lag_columns(lags: list[dict[str, Any]]) -> dict[str, float | None]:
     """Medians over the repetitions of the mean trips to and from the EngineCore (core/engine_lags.py)."""
     intake = [x["intake_ms"] for x in lags if x["requests"]]
     back = [x["return_ms"] for x in lags if x["outputs"]]
+    inside = [x for x in lags if x.get("finished")]  # results of runs before the split have none
+
+    def median(key: str, of: list[dict[str, Any]]) -> float | None:
+        return statistics.median(x[key] for x in of) if of else None
+
     return {
         "engine_intake_ms": statistics.median(intake) if intake else None,
         "engine_return_ms": statistics.median(back) if back else None,
+        "engine_queue_ms": median("queue_ms", inside),
+        "engine_prefill_ms": median("prefill_ms", inside),
+        "engine_token_ms": median("token_ms", inside),
     }
 
 
@@ -962,6 +970,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}"
             f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}{'intake':>8}{'return':>8}"
+            f"{'queue':>7}{'1st tok':>8}{'ms/tok':>8}"
         )
         by_key = {(row["path"], row["max_tokens"], row["concurrency"]): row for row in engine_rows}
         for row in engine_rows:
@@ -977,14 +986,18 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{_fmt(row.get('engine_prefill_share'), '.2f'):>9}{_fmt(decode_rate, '.1f'):>9}"
                 f"{_fmt(decode_ratio, '.2f'):>7}{_fmt(wait, '.2f'):>9}{_fmt(cpu, '.2f'):>8}"
                 f"{_fmt(row.get('engine_intake_ms'), '.1f'):>8}{_fmt(row.get('engine_return_ms'), '.1f'):>8}"
+                f"{_fmt(row.get('engine_queue_ms'), '.1f'):>7}{_fmt(row.get('engine_prefill_ms'), '.1f'):>8}"
+                f"{_fmt(row.get('engine_token_ms'), '.2f'):>8}"
             )
         print(
             "running: requests in the engine's batch per step; ratio: steps/s to the baseline's; prefill: the share of"
             " steps that computed prompt tokens; decode/s: decode-only steps per second (ratio to the baseline's);"
             " wait ms: the EngineCore's wait for the model's result per decode step; cpu ms: the rest of a decode step;"
             " intake: ms from handing a request to vLLM (the core's execute, the bare client's call) until the"
-            " EngineCore queued it; return: ms from the end of the step that made an output until its consumer had it"
-            " (means, by the EngineCore's clock)"
+            " EngineCore queued it; return: ms from the end of the step that made an output until its consumer had it;"
+            " inside the EngineCore, per finished request: queue: ms from queued to first scheduled, 1st tok: from"
+            " then until the step that made its first token ended, ms/tok: per token after the first (means, by the"
+            " EngineCore's clock)"
         )
 
 

@@ -37,6 +37,11 @@ def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_
     )
     for lags in (bare_lags, served_lags):
         assert 0 < lags["intake_ms"] < 10_000 and 0 < lags["return_ms"] < 10_000, lags
+    # and the time inside it of every finished request: in the scheduler's queue, until its first token, per token
+    assert bare_lags["finished"] == runs["bare"]["requests"]
+    assert served_lags["finished"] >= runs["plain-grpc"]["requests"]
+    for lags in (bare_lags, served_lags):
+        assert 0 <= lags["queue_ms"] < 10_000 and 0 < lags["prefill_ms"] < 10_000 and 0 < lags["token_ms"] < 10_000
     # The core's own counters over the level, as logged: its intake and where the first responses waited
     assert runs["bare"]["core_stats"] is None
     core_lines = runs["plain-grpc"]["core_stats"]

@@ -24,6 +24,28 @@ def test_intake_counts_each_requests_first_output_and_return_every_output():
     assert lags.snapshot() == LagSnapshot(0, 0.0, 0, 0.0)  # a snapshot starts the count again
 
 
+def test_a_finished_requests_time_inside_the_engine_splits_into_queue_first_token_and_per_token():
+    lags = EngineLags()
+    queued = time.monotonic() - 1.0
+    stats = SimpleNamespace(
+        queued_ts=queued,
+        scheduled_ts=queued + 0.004,  # 4 ms in the scheduler's queue
+        first_token_ts=queued + 0.030,  # its prompt's steps: 26 ms
+        last_token_ts=queued + 0.030 + 63 * 0.007,  # 63 more tokens, 7 ms each
+        num_generation_tokens=64,
+    )
+    lags.output(stats, queued - 0.010, first=True)  # not finished: counts for intake and return only
+    lags.output(stats, queued - 0.010, first=False, finished=True)
+    snap = lags.snapshot()
+    assert (snap.requests, snap.outputs, snap.finished) == (1, 2, 1)
+    assert snap.queue_ms == pytest.approx(4.0) and snap.prefill_ms == pytest.approx(26.0)
+    assert snap.token_ms == pytest.approx(7.0)
+    # a request of one token has no time per token, one without a scheduled timestamp no split: neither counts
+    lags.output(SimpleNamespace(**{**vars(stats), "num_generation_tokens": 1}), queued, first=True, finished=True)
+    lags.output(SimpleNamespace(**{**vars(stats), "scheduled_ts": 0.0}), queued, first=True, finished=True)
+    assert lags.snapshot().finished == 0
+
+
 def test_outputs_without_statistics_or_timestamps_count_nothing():
     lags = EngineLags()
     lags.output(None, time.monotonic(), first=True)  # vLLM's statistics off
@@ -32,11 +54,13 @@ def test_outputs_without_statistics_or_timestamps_count_nothing():
 
 
 def test_the_log_line_reads_back_and_intervals_combine_weighted_by_their_counts():
-    first, second = LagSnapshot(3, 2.0, 30, 1.0), LagSnapshot(1, 6.0, 10, 5.0)
+    first = LagSnapshot(3, 2.0, 30, 1.0, finished=3, queue_ms=1.0, prefill_ms=20.0, token_ms=6.0)
+    second = LagSnapshot(1, 6.0, 10, 5.0, finished=1, queue_ms=5.0, prefill_ms=40.0, token_ms=10.0)
     line = f"I1124 model.py:1] vllm_core {second.describe()}"
     assert parse_line(line) == second
     assert parse_line("vllm_core engine steps: 3 in 0.50 s") is None
     both = combine([first, second])
-    assert (both.requests, both.outputs) == (4, 40)
+    assert (both.requests, both.outputs, both.finished) == (4, 40, 4)
     assert both.intake_ms == pytest.approx(3.0) and both.return_ms == pytest.approx(2.0)
+    assert (both.queue_ms, both.prefill_ms, both.token_ms) == pytest.approx((2.0, 25.0, 7.0))
     assert combine([LagSnapshot(0, 0.0, 0, 0.0)]) is None
