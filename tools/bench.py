@@ -912,20 +912,19 @@ def _median_of(values: list[float | None]) -> float | None:
 
 
 def engine_lag_columns(lags: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Medians over the repetitions of the mean trips to and from the EngineCore (core/engine_lags.py)."""
-    intake = [x["intake_ms"] for x in lags if x["requests"]]
-    back = [x["return_ms"] for x in lags if x["outputs"]]
-    inside = [x for x in lags if x.get("finished")]  # results of runs before the split have none
+    """Medians over the repetitions of the mean trips to and from the EngineCore and of the time inside it
+    (core/engine_lags.py); a repetition that counted none of a mean's items is left out of that median."""
 
-    def median(key: str, of: list[dict[str, Any]]) -> float | None:
-        return statistics.median(x[key] for x in of) if of else None
+    def median(key: str, count: str) -> float | None:
+        counted = [x[key] for x in lags if x.get(count)]  # results of runs before the split have no "finished"
+        return statistics.median(counted) if counted else None
 
     return {
-        "engine_intake_ms": statistics.median(intake) if intake else None,
-        "engine_return_ms": statistics.median(back) if back else None,
-        "engine_queue_ms": median("queue_ms", inside),
-        "engine_prefill_ms": median("prefill_ms", inside),
-        "engine_token_ms": median("token_ms", inside),
+        "engine_intake_ms": median("intake_ms", "requests"),
+        "engine_return_ms": median("return_ms", "outputs"),
+        "engine_queue_ms": median("queue_ms", "finished"),
+        "engine_prefill_ms": median("prefill_ms", "finished"),
+        "engine_token_ms": median("token_ms", "finished"),
     }
 
 
