@@ -44,7 +44,9 @@ table's "paired" column, and the targets where it exists, is the median over the
 OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
---max-requests, 512); one warm-up round per path and level is not counted.
+--max-requests, 512); one warm-up round per path and level is not counted. A level's streams start together, so
+with ignore_eos their requests run in waves that start and end in step; --stagger-seconds S spreads the streams'
+starts over S seconds (steady-state arrivals: the waves do not form).
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
@@ -509,7 +511,9 @@ def bare_worker_main(spec_file: Path) -> None:
 async def measure(
     runner: Runner, prompts: list[Prompt], level: dict[str, Any], pgid: int | None, progress, watch=None
 ) -> dict[str, Any]:
-    await runner.prepare(prompts, level["concurrency"], level["requests"], level["max_tokens"])  # warm-up
+    await runner.prepare(  # the warm-up round
+        prompts, level["concurrency"], level["requests"], level["max_tokens"], level["stagger"]
+    )
     cpu_before = process_group_cpu(pgid) if pgid else None
     if watch is not None:
         watch.start()
@@ -1118,7 +1122,11 @@ def levels_for(args: argparse.Namespace) -> list[dict[str, Any]]:
     def requests(concurrency: int) -> int:
         return requests_for(concurrency, args.quick, args.max_requests, args.requests_per_stream, args.min_requests)
 
-    return [{"concurrency": c, "max_tokens": m, "requests": requests(c)} for m in args.max_tokens for c in args.levels]
+    return [
+        {"concurrency": c, "max_tokens": m, "requests": requests(c), "stagger": args.stagger_seconds}
+        for m in args.max_tokens
+        for c in args.levels
+    ]
 
 
 def profile_level_argument(text: str) -> tuple[int, int]:
@@ -1330,6 +1338,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=DEFAULT_REQUESTS_PER_STREAM,
         help="each stream's requests per level (waves of requests: more make a level longer and its ratio steadier)",
+    )
+    parser.add_argument(
+        "--stagger-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="start each level's streams evenly spread over S seconds instead of all at once (0): the streams then"
+        " run out of step, as steady traffic arrives, not in waves of requests that start and end together",
     )
     parser.add_argument(
         "--client-processes",

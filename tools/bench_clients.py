@@ -263,14 +263,28 @@ async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[No
 
 
 async def run_level(
-    send: Send, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int, progress: Any = None
+    send: Send,
+    prompts: list[Prompt],
+    concurrency: int,
+    total: int,
+    max_tokens: int,
+    progress: Any = None,
+    stagger: float = 0.0,
+    phase: float = 0.0,
 ) -> tuple[list[Sample], float]:
-    """Run `total` requests with at most `concurrency` in flight; returns the samples and the wall time."""
+    """Run `total` requests with at most `concurrency` in flight; returns the samples and the wall time.
+
+    `stagger` (seconds): the streams' first requests start evenly spread over it instead of all at once, so the
+    streams run out of step (steady-state arrivals) rather than in waves that start and finish together. Stream i
+    starts after (i + phase) / concurrency of it: K client processes sharing a level use phases 0, 1/K, ... so that
+    their streams interleave."""
     gate = asyncio.Semaphore(concurrency)
     samples: list[Sample] = []
 
     async def one(i: int) -> None:
         async with gate:
+            if stagger and i < concurrency:  # holding its slot: a later request must not start the stream early
+                await asyncio.sleep(stagger * (i + phase) / concurrency)
             samples.append(await send(prompts[i % len(prompts)], max_tokens))
             if progress is not None:
                 progress.update(1)
@@ -299,14 +313,17 @@ class InProcessRunner:
         self.send = send
         self._close = close
 
-    async def prepare(self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int) -> None:
+    async def prepare(
+        self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int, stagger: float = 0.0
+    ) -> None:
         """The level's uncounted warm-up round."""
         self._level = (prompts, concurrency, total, max_tokens)
+        self._stagger = stagger
         await run_level(self.send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
 
     async def run(self, progress: Any = None) -> LevelRun:
         cpu = time.process_time()
-        samples, wall = await run_level(self.send, *self._level, progress)
+        samples, wall = await run_level(self.send, *self._level, progress, self._stagger)
         return LevelRun(samples, wall, time.process_time() - cpu)
 
     async def close(self) -> None:
@@ -332,14 +349,16 @@ async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
             command = await loop.run_in_executor(None, connection.recv)
             if command is None:
                 return
-            prompts, concurrency, total, max_tokens = command
+            prompts, concurrency, total, max_tokens, stagger, phase = command
             try:
                 await run_level(send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
                 connection.send("ready")
                 if await loop.run_in_executor(None, connection.recv) is None:  # "go" (all start together)
                     return  # closed instead: another process's warm-up failed
                 cpu, start = time.process_time(), time.perf_counter()
-                samples, _ = await run_level(send, prompts, concurrency, total, max_tokens)
+                samples, _ = await run_level(
+                    send, prompts, concurrency, total, max_tokens, stagger=stagger, phase=phase
+                )
                 connection.send((start, time.perf_counter(), samples, time.process_time() - cpu))
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
                 connection.send(RuntimeError(f"client process: {type(exc).__name__}: {exc}"))
@@ -373,13 +392,18 @@ class ProcessPoolRunner:
             raise reply
         return reply
 
-    async def prepare(self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int) -> None:
-        """Give each process its share of the level; each warms up with it. Returns when all are ready."""
+    async def prepare(
+        self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int, stagger: float = 0.0
+    ) -> None:
+        """Give each process its share of the level; each warms up with it. Returns when all are ready.
+
+        Each process staggers its own streams over `stagger`, each at its own phase: together they start evenly
+        spread over it."""
         self._busy = self._connections[: min(len(self._connections), concurrency)]
         self._total = total
         shares = zip(self._busy, split(concurrency, len(self._busy)), split(total, len(self._busy)), strict=True)
-        for connection, streams, requests in shares:
-            connection.send((prompts, streams, requests, max_tokens))
+        for index, (connection, streams, requests) in enumerate(shares):
+            connection.send((prompts, streams, requests, max_tokens, stagger, index / len(self._busy)))
         await asyncio.gather(*(self._receive(connection) for connection in self._busy))
 
     async def run(self, progress: Any = None) -> LevelRun:

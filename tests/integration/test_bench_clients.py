@@ -16,10 +16,10 @@ PROMPTS = [Prompt([], "The capital of France is"), Prompt([], "Once upon a time"
 MAX_TOKENS = 4
 
 
-async def _level(spec: ClientSpec, processes: int, concurrency: int, total: int):
+async def _level(spec: ClientSpec, processes: int, concurrency: int, total: int, stagger: float = 0.0):
     runner = await open_runner(spec, processes)
     try:
-        await runner.prepare(PROMPTS, concurrency, total, MAX_TOKENS)
+        await runner.prepare(PROMPTS, concurrency, total, MAX_TOKENS, stagger)
         return await runner.run()
     finally:
         await runner.close()
@@ -42,6 +42,14 @@ def test_plain_level_over_client_processes(server, kind: str):
     run = asyncio.run(_level(ClientSpec(kind, address, PLAIN_MODEL), 2, 3, 7))
     assert len(run.samples) == 7
     assert all(s.ttft is None and s.latency > 0 for s in run.samples)
+
+
+def test_a_staggered_level_over_client_processes_starts_its_last_stream_late(server):
+    # 4 streams over 2 processes, spread over 3 s: the streams start at 0, 0.75, 1.5 and 2.25 s (interleaved)
+    run = asyncio.run(_level(ClientSpec("grpc-infer", server.grpc_url, PLAIN_MODEL), 2, 4, 4, stagger=3.0))
+    assert len(run.samples) == 4
+    assert run.wall >= 2.25
+    assert run.wall < 2.25 + max(s.latency for s in run.samples) + 1.0  # not 3 s per process: the phases differ
 
 
 def test_a_failing_request_in_a_client_process_fails_the_level(server):

@@ -24,7 +24,7 @@ from tools.bench import (
     summarize,
     target_lines,
 )
-from tools.bench_clients import split
+from tools.bench_clients import Prompt, Sample, run_level, split
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -377,6 +377,60 @@ def test_also_deployment_is_rendered_into_the_same_repository_and_a_name_clash_i
     clash.write_text(doc)
     with pytest.raises(SystemExit, match="models of the same names in two deployments: generate, postprocess"):
         bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, [clash])
+
+
+def _request_starts(stagger: float, phase: float = 0.0) -> list[float]:
+    """When each request of 4 streams x 2 requests started, relative to the level's start (a send takes 0.5 s)."""
+    starts: list[float] = []
+
+    async def send(prompt: Prompt, max_tokens: int) -> Sample:
+        starts.append(time.perf_counter())
+        await asyncio.sleep(0.5)
+        return Sample(0.5, None, max_tokens)
+
+    async def level() -> float:
+        begun = time.perf_counter()
+        await run_level(send, [Prompt([1], "a")], 4, 8, 16, stagger=stagger, phase=phase)
+        return begun
+
+    begun = asyncio.run(level())
+    return [t - begun for t in starts]
+
+
+def test_stagger_spreads_the_streams_first_requests_over_it():
+    # by default a level's streams start at once
+    assert _request_starts(0.0) == pytest.approx([0.0] * 4 + [0.5] * 4, abs=0.05)
+    # 4 streams over 0.4 s; each stream's second request follows its first, none takes a slot before its stream began
+    assert _request_starts(0.4) == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8], abs=0.05)
+    # the second of two client processes sharing a level: its streams (0.1, 0.3, 0.5, 0.7) fall between the first
+    # one's; the last request takes the first slot freed (1.1, after the request that started at 0.6)
+    assert _request_starts(0.8, phase=0.5) == pytest.approx([0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.1], abs=0.05)
+
+
+def test_stagger_reaches_every_level_from_the_command_line(tmp_path: Path, monkeypatch):
+    import tools.bench as bench
+
+    seen = []
+
+    async def records_the_levels(args, on_result):
+        seen.extend(level["stagger"] for level in bench.levels_for(args))
+
+    monkeypatch.setattr(bench, "run_all", records_the_levels)
+    bench.main(
+        [
+            "--paths",
+            "bare",
+            "--levels",
+            "1,16",
+            "--max-tokens",
+            "64",
+            "--stagger-seconds",
+            "0.5",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert seen == [0.5, 0.5]
 
 
 def test_min_requests_reaches_every_level_from_the_command_line(tmp_path: Path, monkeypatch):
