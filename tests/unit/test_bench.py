@@ -407,45 +407,26 @@ def test_stagger_spreads_the_streams_first_requests_over_it():
     assert _request_starts(0.8, phase=0.5) == pytest.approx([0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.1], abs=0.05)
 
 
-def test_stagger_reaches_every_level_from_the_command_line(tmp_path: Path, monkeypatch):
+def _levels_from_the_command_line(tmp_path: Path, monkeypatch, key: str, *options: str) -> list:
+    """`key` of every level bench.main would run with --levels 1,16 --max-tokens 64 and `options`."""
     import tools.bench as bench
 
     seen = []
 
     async def records_the_levels(args, on_result):
-        seen.extend(level["stagger"] for level in bench.levels_for(args))
+        seen.extend(level[key] for level in bench.levels_for(args))
 
     monkeypatch.setattr(bench, "run_all", records_the_levels)
-    bench.main(
-        [
-            "--paths",
-            "bare",
-            "--levels",
-            "1,16",
-            "--max-tokens",
-            "64",
-            "--stagger-seconds",
-            "0.5",
-            "--out",
-            str(tmp_path),
-        ]
-    )
-    assert seen == [0.5, 0.5]
+    bench.main(["--paths", "bare", "--levels", "1,16", "--max-tokens", "64", *options, "--out", str(tmp_path)])
+    return seen
+
+
+def test_stagger_reaches_every_level_from_the_command_line(tmp_path: Path, monkeypatch):
+    assert _levels_from_the_command_line(tmp_path, monkeypatch, "stagger", "--stagger-seconds", "0.5") == [0.5, 0.5]
 
 
 def test_min_requests_reaches_every_level_from_the_command_line(tmp_path: Path, monkeypatch):
-    import tools.bench as bench
-
-    seen = []
-
-    async def records_the_levels(args, on_result):
-        seen.extend(level["requests"] for level in bench.levels_for(args))
-
-    monkeypatch.setattr(bench, "run_all", records_the_levels)
-    bench.main(
-        ["--paths", "bare", "--levels", "1,16", "--max-tokens", "64", "--min-requests", "32", "--out", str(tmp_path)]
-    )
-    assert seen == [32, 64]
+    assert _levels_from_the_command_line(tmp_path, monkeypatch, "requests", "--min-requests", "32") == [32, 64]
 
 
 def test_the_same_engines_two_paths_per_round_give_the_machines_own_spread():
