@@ -186,6 +186,8 @@ class LevelResult:
     round_id: str = ""
     # the client it was measured with (PATH_CLIENTS); None in results written before clients were recorded
     client: str | None = None
+    # --stagger-seconds: the streams' starts spread over this many seconds (0: together, as every run before it)
+    stagger_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -777,10 +779,24 @@ class ResultsFile:
     runs already in the file stay and this command's repetitions continue their numbering per path and level, so a
     repetition split over commands by `--levels` (one command's time limit) numbers like one."""
 
-    def __init__(self, path: Path, merge: bool, command: str, deployment: str, paths: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        path: Path,
+        merge: bool,
+        command: str,
+        deployment: str,
+        paths: Collection[str] = (),
+        stagger_seconds: float = 0.0,
+    ) -> None:
         self.path = path
         earlier = json.loads(path.read_text()) if merge and path.exists() else {}
         self.earlier = _runs_of(earlier)
+        staggers = sorted({r.stagger_seconds for r in self.earlier} - {stagger_seconds})
+        if staggers:  # another workload: waves of requests, or streams out of step, are not one level's repetitions
+            raise SystemExit(
+                f"bench: --merge: {path} holds runs with --stagger-seconds {', '.join(map(str, staggers))}, this"
+                f" command's is {stagger_seconds}; write to another --out"
+            )
         for measured in paths:  # the paths this command will measure: one client per path and file
             others = sorted(
                 {str(r.client) for r in self.earlier if r.path == measured and r.client != client_of(measured)}
@@ -1238,7 +1254,17 @@ async def measure_all(args: argparse.Namespace, setup: BenchSetup, on_result: Ca
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
-        on_result(LevelResult(path, level["max_tokens"], level["concurrency"], rep, level["requests"], **measured))
+        on_result(
+            LevelResult(
+                path,
+                level["max_tokens"],
+                level["concurrency"],
+                rep,
+                level["requests"],
+                stagger_seconds=level["stagger"],
+                **measured,
+            )
+        )
 
     bare = [p for p in paths if p.startswith("bare")]
     served = [p for p in paths if p.startswith("vllm-serve")]
@@ -1381,6 +1407,7 @@ def main(argv: list[str] | None = None) -> int:
         command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         deployment=str(args.deployment or "deployments/default.yaml + BENCH_ENGINE_OVERRIDES"),
         paths=measured_paths(args),
+        stagger_seconds=args.stagger_seconds,
     )
     stopped: BaseException | None = None
     try:

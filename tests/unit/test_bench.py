@@ -277,6 +277,22 @@ def test_merging_refuses_runs_of_a_path_measured_with_another_client(tmp_path: P
     ResultsFile(target, merge=False, command="sixth", deployment="d.yaml", paths=["stream-grpc"])  # starts over
 
 
+def test_merging_refuses_runs_of_another_stagger(tmp_path: Path):
+    from dataclasses import replace
+
+    target = tmp_path / "results.json"
+    ResultsFile(target, merge=True, command="first", deployment="d.yaml").add(_run("bare", 100))
+    ResultsFile(target, merge=True, command="second", deployment="d.yaml")  # the same workload: merged
+    with pytest.raises(SystemExit, match="runs with --stagger-seconds 0.0, this command's is 0.5"):
+        ResultsFile(target, merge=True, command="third", deployment="d.yaml", stagger_seconds=0.5)
+    staggered = ResultsFile(target, merge=False, command="fourth", deployment="d.yaml", stagger_seconds=0.5)
+    staggered.add(replace(_run("bare", 100), stagger_seconds=0.5))
+    assert [r.stagger_seconds for r in load_runs(target)] == [0.5]
+    ResultsFile(target, merge=True, command="fifth", deployment="d.yaml", stagger_seconds=0.5)
+    with pytest.raises(SystemExit, match="runs with --stagger-seconds 0.5, this command's is 0.0"):
+        ResultsFile(target, merge=True, command="sixth", deployment="d.yaml")
+
+
 def test_each_triton_path_gets_its_client_address_and_model():
     from types import SimpleNamespace
 
