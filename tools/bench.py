@@ -38,8 +38,8 @@ streams is busy enough to delay the responses it times. The bare paths' client i
 Each engine starts once per command: the bare worker runs both bare paths, one `vllm serve` both of its paths,
 one tritonserver every Triton path; `--reps` repeats the levels inside. By default one engine runs at a time, each
 path's levels one after the other. --interleave starts every engine first (they must fit the GPU together) and
-measures each level on every path in turn, so the paths compared are measured seconds apart, not minutes: the
-table's "paired" column, and the targets where it exists, is the median over the repetitions of each one's ratio.
+measures each level on every path in turn (in the reverse order every other repetition of the level, merged
+commands included), so the paths compared are measured seconds apart, not minutes: the table's "paired" column, and the targets where it exists, is the median over the repetitions of each one's ratio.
 `--merge` adds this command's runs to
 OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
@@ -671,18 +671,27 @@ class VllmServeGroup(ServedGroup):
 Group = BareGroup | TritonGroup | VllmServeGroup
 
 
-def schedule(groups: list[Any], reps: int, levels: list[dict[str, Any]], interleave: bool):
+def schedule(
+    groups: list[Any],
+    reps: int,
+    levels: list[dict[str, Any]],
+    interleave: bool,
+    done: Callable[[dict[str, Any]], int] = lambda level: 0,
+):
     """The order of the measurements, as (group, path, rep, level). One after the other: every level of a path
     before the next path, every path of a group before the next group. Interleaved: each level of one repetition
     is measured on every path in turn before the next level, so paths compared with each other are measured
-    seconds apart, not minutes (the machine's own speed drifts more than that: docs/performance-gpu.md)."""
+    seconds apart, not minutes (the machine's own speed drifts more than that: docs/performance-gpu.md); in the
+    reverse order in every other repetition of the level (`done(level)`: its repetitions already in a merged
+    results file), so that a path's place in the turn (first after the level before, or last) is not part of
+    its paired ratio."""
     if interleave:
+        turn = [(group, path) for group in groups for path in group.paths]
         return [
             (group, path, rep, level)
             for rep in range(reps)
             for level in levels
-            for group in groups
-            for path in group.paths
+            for group, path in (turn if (done(level) + rep) % 2 == 0 else turn[::-1])
         ]
     return [
         (group, path, rep, level) for group in groups for rep in range(reps) for path in group.paths for level in levels
@@ -812,6 +821,11 @@ class ResultsFile:
         self.commands = [*earlier_commands, {"command": command, "started": started}]
         self.deployment = deployment
         self.results: list[LevelResult] = []
+
+    def repetitions_done(self, level: dict[str, Any]) -> int:
+        """How many repetitions of `level` the merged file already holds (on its most measured path)."""
+        key = (level["max_tokens"], level["concurrency"])
+        return 1 + max((r.rep for r in self.earlier if (r.max_tokens, r.concurrency) == key), default=-1)
 
     def add(self, result: LevelResult) -> None:
         result.client = client_of(result.path)
@@ -1198,7 +1212,11 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
     ]
 
 
-async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], None]) -> None:
+async def run_all(
+    args: argparse.Namespace,
+    on_result: Callable[[LevelResult], None],
+    done: Callable[[dict[str, Any]], int] = lambda level: 0,
+) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     setup = bench_repository(out, args.deployment, args.variables, args.also_deployment)
@@ -1217,7 +1235,7 @@ async def run_all(args: argparse.Namespace, on_result: Callable[[LevelResult], N
         print(f"bench: {placement.describe()}", file=sys.stderr)
     # Started after this process took its CPUs, so the busy loops inherit them and never share the engine's.
     with busy_processes(args.background_load, args.background_load_kind):
-        await measure_all(args, setup, on_result)
+        await measure_all(args, setup, on_result, done)
 
 
 # --background-load-kind: what each busy process does. `spin` keeps a CPU busy and little else; `memory` copies
@@ -1241,7 +1259,12 @@ def busy_processes(count: int, kind: str = "spin") -> Iterator[list[subprocess.P
             process.wait()
 
 
-async def measure_all(args: argparse.Namespace, setup: BenchSetup, on_result: Callable[[LevelResult], None]) -> None:
+async def measure_all(
+    args: argparse.Namespace,
+    setup: BenchSetup,
+    on_result: Callable[[LevelResult], None],
+    done: Callable[[dict[str, Any]], int] = lambda level: 0,
+) -> None:
     from tqdm import tqdm
 
     out: Path = args.out
@@ -1293,7 +1316,7 @@ async def measure_all(args: argparse.Namespace, setup: BenchSetup, on_result: Ca
         if args.interleave:  # every engine up (one after the other) before the first level
             for group in groups:
                 await start(group)
-        for group, path, rep, level in schedule(groups, args.reps, levels, args.interleave):
+        for group, path, rep, level in schedule(groups, args.reps, levels, args.interleave, done):
             if group not in opened:  # one group at a time: the one before is done
                 while opened:
                     await opened.pop().close()
@@ -1411,7 +1434,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     stopped: BaseException | None = None
     try:
-        asyncio.run(run_all(args, results.add))
+        asyncio.run(run_all(args, results.add, results.repetitions_done))
     except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured
         stopped = exc
         traceback.print_exc()

@@ -182,6 +182,10 @@ def test_a_results_file_names_each_run_by_its_command_and_repetition(tmp_path: P
     second.add(_run("bare", 100, rep=0))
     runs = second.document()["runs"]
     assert [(r["rep"], r["round_id"]) for r in runs] == [(0, "0.0"), (1, "0.1"), (2, "1.0")]
+    # what the next merged command's schedule goes on from, per level (_run's levels are 256 tokens x 64 streams)
+    third = ResultsFile(tmp_path / "results.json", merge=True, command="bench c", deployment="d")
+    assert third.repetitions_done({"max_tokens": 256, "concurrency": 64}) == 3
+    assert third.repetitions_done({"max_tokens": 64, "concurrency": 64}) == 0
 
 
 class _Group:
@@ -197,7 +201,13 @@ def test_interleaved_schedule_measures_each_level_on_every_path_before_the_next(
         ("bare", 0, 1), ("bare-stream", 0, 1), ("plain-grpc", 0, 1),
         ("bare", 0, 64), ("bare-stream", 0, 64), ("plain-grpc", 0, 64),
     ]  # fmt: skip
-    assert len(order) == 12 and order[6] == ("bare", 1, 1)
+    # the next repetition takes the paths in the reverse order: no path is always first (or last) in the turn
+    assert order[6:9] == [("plain-grpc", 1, 1), ("bare-stream", 1, 1), ("bare", 1, 1)]
+    assert len(order) == 12
+    # a command merged into a file that holds one repetition of level 64 (none of level 1) goes on alternating
+    merged = schedule([bare, triton], 1, levels, True, lambda level: 1 if level["concurrency"] == 64 else 0)
+    turn = ["bare", "bare-stream", "plain-grpc"]
+    assert [path for _, path, _, _ in merged] == turn + turn[::-1]
     # one after the other: a group's every repetition before the next group starts
     sequential = [(path, rep) for _, path, rep, _ in schedule([bare, triton], 2, levels, False)]
     assert (
@@ -324,7 +334,7 @@ def test_an_unknown_path_is_refused_before_anything_starts(tmp_path: Path, capsy
 def test_a_run_that_dies_midway_keeps_its_levels_and_exits_non_zero(tmp_path: Path, monkeypatch, capsys):
     import tools.bench as bench
 
-    async def dies_after_one_level(args, on_result):
+    async def dies_after_one_level(args, on_result, done):
         on_result(_run("bare", 100))
         raise RuntimeError("Server disconnected")
 
@@ -340,7 +350,7 @@ def test_a_run_that_measures_nothing_leaves_an_earlier_results_file_as_it_was(tm
     ResultsFile(tmp_path / "results.json", merge=False, command="earlier", deployment="d.yaml").add(_run("bare", 100))
     before = (tmp_path / "results.json").read_text()
 
-    async def dies_at_once(args, on_result):
+    async def dies_at_once(args, on_result, done):
         raise RuntimeError("vllm serve exited")
 
     monkeypatch.setattr(bench, "run_all", dies_at_once)
@@ -429,7 +439,7 @@ def _levels_from_the_command_line(tmp_path: Path, monkeypatch, key: str, *option
 
     seen = []
 
-    async def records_the_levels(args, on_result):
+    async def records_the_levels(args, on_result, done):
         seen.extend(level[key] for level in bench.levels_for(args))
 
     monkeypatch.setattr(bench, "run_all", records_the_levels)
@@ -498,7 +508,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         events.append(f"load {count} {kind}")
         yield []
 
-    async def measure(args, got_setup, on_result):
+    async def measure(args, got_setup, on_result, done):
         assert got_setup is setup
         events.append("measure")
 
