@@ -39,9 +39,9 @@ Each engine starts once per command: the bare worker runs both bare paths, one `
 one tritonserver every Triton path; `--reps` repeats the levels inside. By default one engine runs at a time, each
 path's levels one after the other. --interleave starts every engine first (they must fit the GPU together) and
 measures each level on every path in turn (in the reverse order every other repetition of the level, merged
-commands included), so the paths compared are measured seconds apart, not minutes: the table's "paired" column, and the targets where it exists, is the median over the repetitions of each one's ratio.
-`--merge` adds this command's runs to
-OUT/results.json (a long run split over several commands: one table and plot in the end).
+commands included), so the paths compared are measured seconds apart, not minutes: the table's "paired" column,
+and the targets where it exists, is the median over the repetitions of each one's ratio. `--merge` adds this
+command's runs to OUT/results.json (a long run split over several commands: one table and plot in the end).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
 --max-requests, 512); one warm-up round per path and level is not counted. A level's streams start together, so
