@@ -822,18 +822,25 @@ class ResultsFile:
         self.deployment = deployment
         self.results: list[LevelResult] = []
 
+    def _earlier_repetitions(self, max_tokens: int, concurrency: int, path: str | None = None) -> int:
+        """How many repetitions of a level (of one path; None: its most measured one) the merged file holds."""
+        return 1 + max(
+            (
+                r.rep
+                for r in self.earlier
+                if (r.max_tokens, r.concurrency) == (max_tokens, concurrency) and path in (None, r.path)
+            ),
+            default=-1,
+        )
+
     def repetitions_done(self, level: dict[str, Any]) -> int:
-        """How many repetitions of `level` the merged file already holds (on its most measured path)."""
-        key = (level["max_tokens"], level["concurrency"])
-        return 1 + max((r.rep for r in self.earlier if (r.max_tokens, r.concurrency) == key), default=-1)
+        """How many repetitions of `level` the merged file already holds (schedule's alternation goes on from it)."""
+        return self._earlier_repetitions(level["max_tokens"], level["concurrency"])
 
     def add(self, result: LevelResult) -> None:
         result.client = client_of(result.path)
         result.round_id = f"{len(self.commands) - 1}.{result.rep}"
-        level = (result.path, result.max_tokens, result.concurrency)
-        result.rep += 1 + max(
-            (r.rep for r in self.earlier if (r.path, r.max_tokens, r.concurrency) == level), default=-1
-        )
+        result.rep += self._earlier_repetitions(result.max_tokens, result.concurrency, result.path)
         self.results.append(result)
         self.write()
 
@@ -1215,7 +1222,7 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
 async def run_all(
     args: argparse.Namespace,
     on_result: Callable[[LevelResult], None],
-    done: Callable[[dict[str, Any]], int] = lambda level: 0,
+    done: Callable[[dict[str, Any]], int],
 ) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -1263,7 +1270,7 @@ async def measure_all(
     args: argparse.Namespace,
     setup: BenchSetup,
     on_result: Callable[[LevelResult], None],
-    done: Callable[[dict[str, Any]], int] = lambda level: 0,
+    done: Callable[[dict[str, Any]], int],
 ) -> None:
     from tqdm import tqdm
 

@@ -524,6 +524,6 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         background_load=3,
         background_load_kind="memory",
     )
-    asyncio.run(bench.run_all(args, lambda result: None))
+    asyncio.run(bench.run_all(args, lambda result: None, lambda level: 0))
     others = sorted(os.sched_getaffinity(0) - {0})
     assert events == [f"pin {others}", "load 3 memory", "measure"]
