@@ -230,7 +230,8 @@ class Engine:
             pids = front_ends.read_engine_pids(fe, wait_seconds=float(envs.VLLM_ENGINE_READY_TIMEOUT_S))
             config, executor = front_ends.vllm_config(self._engine_args)
         try:
-            llm = front_ends.attach_client(config, executor, fe, self._stat_loggers, self._log_stats())
+            log_requests = bool(self._engine_args.get("enable_log_requests", False))
+            llm = front_ends.attach_client(config, executor, fe, self._stat_loggers, self._log_stats(), log_requests)
         except BaseException:
             self._end_shared_engine()
             raise
