@@ -10,6 +10,10 @@ same model, engine args and engine environment (those of one deployment file).
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
   bare-stream   the same with DELTA outputs (gives TTFT): the baseline of every streamed path
+  bare-front-ends     the bare engine as our server arranges it, without Triton: one EngineCore shared by N
+                AsyncLLM clients (N = the deployment's core.front_ends), one in each of N client processes, attached
+                as the core's front ends attach; FINAL_ONLY outputs
+  bare-front-ends-stream   the same with DELTA outputs
   vllm-serve    vLLM's OpenAI server (python -m vllm.entrypoints.openai.api_server), /v1/completions, aiohttp
   vllm-serve-stream   the same, streamed (gives TTFT)
   plain-grpc    our plain-infer ensemble, gRPC ModelInfer (tritonclient.grpc.aio)
@@ -76,6 +80,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -101,9 +106,10 @@ from tools.bench_clients import (  # noqa: E402
     SERVE_MODEL_NAME,
     ClientSpec,
     InProcessRunner,
+    ProcessPoolRunner,
     Prompt,
     Runner,
-    Sample,
+    engine_sender,
     open_runner,
 )
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
@@ -119,7 +125,16 @@ from tools.triton_server import (  # noqa: E402
 # The default (CPU) deployment's engine args get these: room for 400-token prompts + 256 new tokens at
 # concurrency 256. A --deployment file is taken as it is.
 BENCH_ENGINE_OVERRIDES = {"max_model_len": 1024, "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 256}
-STREAMED_PATHS = ("bare-stream", "vllm-serve-stream", "stream-grpc", "stream-grpc-per-request", "vllm-backend-stream")
+STREAMED_PATHS = (
+    "bare-stream",
+    "bare-front-ends-stream",
+    "vllm-serve-stream",
+    "stream-grpc",
+    "stream-grpc-per-request",
+    "vllm-backend-stream",
+)
+BARE_PATHS = ("bare", "bare-stream")
+FRONT_END_PATHS = ("bare-front-ends", "bare-front-ends-stream")
 TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "stream-grpc-per-request", "vllm-backend-stream")
 VLLM_BACKEND_MODEL = "vllm_backend"
 CORE_STATS_SECONDS = 0.5  # --profile: how often the core logs its counters (short: a level lasts seconds)
@@ -132,6 +147,8 @@ CORE_STATS_SECONDS = 0.5  # --profile: how often the core logs its counters (sho
 PATH_CLIENTS = {
     "bare": "in-process",
     "bare-stream": "in-process",
+    "bare-front-ends": "engine-front-end",
+    "bare-front-ends-stream": "engine-front-end-stream",
     "vllm-serve": "openai",
     "vllm-serve-stream": "openai-stream",
     "plain-grpc": "grpc-infer",
@@ -454,8 +471,6 @@ class VllmServe:
 
 
 async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None:
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
     from core.engine import prepare_process_environment, start_own_engine
 
     prepare_process_environment()
@@ -468,26 +483,17 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
         EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
     # Frozen as `vllm serve` freezes its own, whatever TRITON_VLLM_GC_FREEZE says (that switch is for our server).
     freeze_startup_heap(switchable=False)
-    counter = iter(range(10**9))
 
-    def sender(stream: bool):
-        kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    def lag(output: Any, submitted: float, first: bool) -> None:
+        assert lags is not None
+        lags.output(output.metrics, submitted, first, output.finished)
 
-        async def send(prompt: Prompt, max_tokens: int) -> Sample:
-            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
-            start, submitted = time.perf_counter(), time.monotonic()
-            ttft = None
-            async for output in llm.generate({"prompt_token_ids": prompt.ids}, params, f"bare-{next(counter)}"):
-                if lags is not None:
-                    lags.output(output.metrics, submitted, ttft is None, output.finished)
-                if ttft is None:
-                    ttft = time.perf_counter() - start
-            return Sample(time.perf_counter() - start, ttft if stream else None, max_tokens)
-
-        return send
-
+    on_output = lag if lags is not None else None
     prompts = [Prompt(ids, "") for ids in spec["prompts"]]
-    runners = {path: InProcessRunner(sender(path == "bare-stream")) for path in ("bare", "bare-stream")}
+    runners = {
+        path: InProcessRunner(engine_sender(llm, path == "bare-stream", "bare", on_output))
+        for path in ("bare", "bare-stream")
+    }
     loop = asyncio.get_running_loop()
     try:
         answers.write(json.dumps({"ready": True}) + "\n")
@@ -503,11 +509,7 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
 
 
 def bare_worker_main(spec_file: Path) -> None:
-    """The worker's process: answers go to the stdout it was started with; everything else printed (vLLM's
-    logs included) goes to its stderr, the log file."""
-    answers = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    asyncio.run(bare_worker(json.loads(spec_file.read_text()), sys.stdin, answers))
+    asyncio.run(bare_worker(json.loads(spec_file.read_text()), *worker_streams()))
 
 
 async def measure(
@@ -537,21 +539,23 @@ async def measure(
 # Engine groups: one engine start each, measured a level of a path at a time ---------------------------------
 
 
-class BareGroup:
-    """The bare paths: the engine in its worker subprocess."""
+class WorkerProcess:
+    """A subprocess of this script (`--bare-worker` or `--front-ends-launcher` with a spec file) in its own session
+    (so its CPU, its engine's included, is counted like a server's), answering JSON lines: the first says its
+    engine is up; closing its stdin ends it."""
 
-    def __init__(self, args, paths: list[str], levels: list[dict[str, Any]], spec: dict[str, Any], log: Path) -> None:
-        self.args, self.paths, self.levels, self.spec, self.log = args, paths, levels, spec, log
+    def __init__(self, flag: str, spec: dict[str, Any], log: Path) -> None:
+        self.flag, self.spec, self.log = flag, spec, log
         self.process: asyncio.subprocess.Process | None = None
 
-    async def open(self) -> None:
+    async def start(self) -> None:
         spec_file = self.log.with_suffix(".json")
         spec_file.write_text(json.dumps(self.spec))
         with open(self.log, "wb") as log_handle:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 __file__,
-                "--bare-worker",
+                self.flag,
                 str(spec_file),
                 env=server_environment(),
                 stdin=asyncio.subprocess.PIPE,
@@ -560,29 +564,28 @@ class BareGroup:
                 start_new_session=True,
                 limit=1 << 26,  # one answer holds every request's latency
             )
-        await self._answer()  # ready: the engine is up
+        await self.answer()  # ready: the engine is up
 
-    async def _answer(self) -> dict[str, Any]:
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    async def ask(self, command: dict[str, Any]) -> dict[str, Any]:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write((json.dumps(command) + "\n").encode())
+        await self.process.stdin.drain()
+        return await self.answer()
+
+    async def answer(self) -> dict[str, Any]:
         assert self.process is not None and self.process.stdout is not None
         line = await self.process.stdout.readline()
         if not line:
             await self.process.wait()
-            raise RuntimeError(f"bare worker failed ({self.process.returncode}); see {self.log}")
+            raise RuntimeError(f"{self.flag} process failed ({self.process.returncode}); see {self.log}")
         return json.loads(line)
 
-    async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
-        assert self.process is not None and self.process.stdin is not None
-        # the worker and its EngineCore, as a server's processes are (its own session: pgid = pid)
-        recorders = start_level_profile(self.args, self.levels, rep, level, self.process.pid, path)
-        self.process.stdin.write((json.dumps({"path": path, "level": level}) + "\n").encode())
-        await self.process.stdin.drain()
-        measured = await self._answer()
-        for recorder in recorders:
-            recorder.wait(timeout=self.args.profile_seconds + 30)
-        progress.update(level["requests"])
-        return measured
-
-    async def close(self) -> None:
+    async def stop(self) -> None:
         if self.process is None or self.process.returncode is not None:
             return
         assert self.process.stdin is not None
@@ -592,6 +595,105 @@ class BareGroup:
         except TimeoutError:
             os.killpg(self.process.pid, signal.SIGKILL)
             await self.process.wait()
+
+
+def worker_streams() -> tuple[Any, Any]:
+    """A worker process's command and answer streams: answers go to the stdout it was started with; everything
+    else printed (vLLM's logs included) goes to its stderr, the log file."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return sys.stdin, answers
+
+
+class BareGroup:
+    """The bare paths: the engine in its worker subprocess."""
+
+    def __init__(self, args, paths: list[str], levels: list[dict[str, Any]], spec: dict[str, Any], log: Path) -> None:
+        self.args, self.paths, self.levels = args, paths, levels
+        self.worker = WorkerProcess("--bare-worker", spec, log)
+
+    async def open(self) -> None:
+        await self.worker.start()
+
+    async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
+        # the worker and its EngineCore, as a server's processes are (its own session: pgid = pid)
+        recorders = start_level_profile(self.args, self.levels, rep, level, self.worker.pid, path)
+        measured = await self.worker.ask({"path": path, "level": level})
+        for recorder in recorders:
+            recorder.wait(timeout=self.args.profile_seconds + 30)
+        progress.update(level["requests"])
+        return measured
+
+    async def close(self) -> None:
+        await self.worker.stop()
+
+
+# The bare engine shared by front ends: one EngineCore, started by a launcher subprocess, and one AsyncLLM client in
+# each of N client processes, attached to it as the core's N front ends attach to theirs (core/front_ends.py, N =
+# the deployment's core.front_ends). The engine's arrangement in our server, without Triton: what separates the
+# bare engine (one in-process client) from it, and it from ours.
+
+
+def front_ends_launcher(spec: dict[str, Any], commands: Any, answers: Any) -> None:
+    from core import front_ends
+    from core.engine import prepare_process_environment
+
+    prepare_process_environment()
+    fe = front_ends.FrontEnd(0, spec["front_ends"], Path(spec["socket_dir"]))
+    config, executor = front_ends.vllm_config(spec["engine_args"])
+    launched = front_ends.launch_engine(config, executor, fe, not spec["engine_args"].get("disable_log_stats"))
+    try:
+        if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
+            EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
+        answers.write(json.dumps({"ready": True, "engine_pids": launched.pids}) + "\n")
+        answers.flush()
+        commands.read()  # until this script closes it
+    finally:
+        launched.shutdown()
+
+
+class FrontEndsGroup:
+    """The bare-front-ends paths: the launcher subprocess's EngineCore, and one pool of client processes, each an
+    engine front end, for both paths (their processes' CPU is the client's, as the bare worker's own is not)."""
+
+    def __init__(self, args, paths, levels, prompts, setup: BenchSetup) -> None:
+        self.args, self.paths, self.levels, self.prompts, self.setup = args, paths, levels, prompts, setup
+        self.socket_dir: Path | None = None
+        self.launcher: WorkerProcess | None = None
+        self.pool: ProcessPoolRunner | None = None
+
+    async def open(self) -> None:
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="bench-fe-"))  # short: IPC paths fit 107 bytes
+        setup, count = self.setup, self.setup.front_ends
+        spec = {
+            # statistics on under --profile, as the bare engine's (not collected: no engine table for these paths)
+            "engine_args": profiled_engine_args(setup.engine_args) if self.args.profile else setup.engine_args,
+            "engine_cpus": setup.engine_cpus,
+            "front_ends": count,
+            "socket_dir": str(self.socket_dir),
+        }
+        log = self.args.out / "front-ends.log"
+        self.launcher = WorkerProcess("--front-ends-launcher", spec, log)
+        await self.launcher.start()
+        self.pool = ProcessPoolRunner(ClientSpec(client_of(self.paths[0]), str(log.with_suffix(".json")), ""), count)
+
+    async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
+        assert self.pool is not None and self.launcher is not None
+        recorders = start_level_profile(self.args, self.levels, rep, level, self.launcher.pid, path)
+        measured = await measure(self.pool.as_kind(client_of(path)), self.prompts, level, self.launcher.pid, progress)
+        for recorder in recorders:
+            recorder.wait(timeout=self.args.profile_seconds + 30)
+        return measured
+
+    async def close(self) -> None:
+        try:
+            if self.pool is not None:
+                await self.pool.close()
+        finally:
+            if self.launcher is not None:
+                await self.launcher.stop()
+            if self.socket_dir is not None:
+                shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 class ServedGroup:
@@ -668,7 +770,7 @@ class VllmServeGroup(ServedGroup):
         await self.serve.stop()
 
 
-Group = BareGroup | TritonGroup | VllmServeGroup
+Group = BareGroup | FrontEndsGroup | TritonGroup | VllmServeGroup
 
 
 def schedule(
@@ -710,6 +812,7 @@ class BenchSetup:
     plain: str
     streaming: str
     engine_cpus: list[int] = field(default_factory=list)  # the deployment's core.engine_cpus
+    front_ends: int = 1  # the deployment's core.front_ends
 
 
 def bench_repository(
@@ -739,6 +842,7 @@ def bench_repository(
         deployment.names.plain,
         deployment.names.streaming,
         list(deployment.core.engine_cpus),
+        deployment.core.front_ends,
     )
 
 
@@ -1296,7 +1400,8 @@ async def measure_all(
             )
         )
 
-    bare = [p for p in paths if p.startswith("bare")]
+    bare = [p for p in paths if p in BARE_PATHS]
+    shared = [p for p in paths if p in FRONT_END_PATHS]
     served = [p for p in paths if p.startswith("vllm-serve")]
     triton = [p for p in paths if p in TRITON_PATHS or p.startswith("extra")]
     groups: list[Group] = []
@@ -1308,6 +1413,8 @@ async def measure_all(
             "profile": args.profile,
         }
         groups.append(BareGroup(args, bare, levels, spec, out / "bare.log"))
+    if shared:
+        groups.append(FrontEndsGroup(args, shared, levels, prompts, setup))
     if served:
         groups.append(VllmServeGroup(args, served, levels, prompts, setup))
     if triton:
@@ -1424,10 +1531,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--front-ends-launcher", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.bare_worker:
         bare_worker_main(args.bare_worker)
+        return 0
+    if args.front_ends_launcher:
+        front_ends_launcher(json.loads(args.front_ends_launcher.read_text()), *worker_streams())
         return 0
     args.variables = dict(args.set)
 

@@ -11,11 +11,15 @@ concurrency and of the requests; the level's wall time is from the first process
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
+import itertools
 import json
 import multiprocessing
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 # `vllm serve` closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default); aiohttp keeps idle ones
@@ -43,8 +47,9 @@ class ClientSpec:
     """What a client needs to call one path; plain data, so a client process can be given it."""
 
     kind: str  # one of CLIENT_KINDS
-    address: str  # host:port of the server's gRPC or HTTP endpoint
+    address: str  # host:port of the server's gRPC or HTTP endpoint; the engine front ends' spec file (below)
     model: str
+    index: int = 0  # this client process's place in its pool (an engine front end's index among the front ends)
 
 
 Send = Callable[[Prompt, int], Awaitable[Sample]]
@@ -244,7 +249,72 @@ async def _http_client(spec: ClientSpec, kind: str) -> tuple[Send, Callable[[], 
 
 
 # grpc-stream: a stream per concurrent slot, reused by its requests; grpc-stream-per-request: a new stream each
-CLIENT_KINDS = ("grpc-infer", "grpc-stream", "grpc-stream-per-request", "http-generate", "openai", "openai-stream")
+# Clients of a vLLM engine in this process -----------------------------------------------------------------
+
+
+def engine_sender(llm: Any, stream: bool, prefix: str, on_output: Callable[..., None] | None = None) -> Send:
+    """The send function of an in-process vLLM AsyncLLM: FINAL_ONLY outputs, or DELTA ones when `stream` (which
+    gives TTFT). `on_output(output, submitted, first)` sees every output (the bare worker's --profile lags)."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    counter = itertools.count()
+
+    async def send(prompt: Prompt, max_tokens: int) -> Sample:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
+        start, submitted = time.perf_counter(), time.monotonic()
+        ttft = None
+        async for output in llm.generate({"prompt_token_ids": prompt.ids}, params, f"{prefix}-{next(counter)}"):
+            if on_output is not None:
+                on_output(output, submitted, ttft is None)
+            if ttft is None:
+                ttft = time.perf_counter() - start
+        return Sample(time.perf_counter() - start, ttft if stream else None, max_tokens)
+
+    return send
+
+
+@functools.cache
+def _attached_front_end(spec_file: str, index: int) -> Any:
+    """This process's AsyncLLM, attached as front end `index` to the EngineCore that tools/bench.py's front-ends
+    launcher started (as the core's front ends attach to the one their instance 0 launches: core/front_ends.py).
+    Both client kinds of a process share it, as both of a core instance's ensembles share its front end."""
+    from core import front_ends
+    from core.engine import prepare_process_environment
+    from core.gc_heap import freeze_startup_heap
+    from core.metrics import quiet_iteration_log
+
+    prepare_process_environment()
+    quiet_iteration_log()  # under --profile vLLM's statistics are on: no log line per iteration
+    spec = json.loads(Path(spec_file).read_text(encoding="utf-8"))
+    fe = front_ends.FrontEnd(index, spec["front_ends"], Path(spec["socket_dir"]))
+    config, executor = front_ends.vllm_config(spec["engine_args"])
+    engine_args = spec["engine_args"]
+    log_stats, log_requests = not engine_args.get("disable_log_stats"), bool(engine_args.get("enable_log_requests"))
+    llm = front_ends.attach_client(config, executor, fe, None, log_stats, log_requests)
+    freeze_startup_heap(switchable=False)  # as the bare worker and `vllm serve` freeze theirs
+    return llm
+
+
+async def _engine_front_end_client(spec: ClientSpec, stream: bool) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    llm = _attached_front_end(spec.address, spec.index)
+
+    async def close() -> None:  # the process's front end serves its other kind too; it ends with the process
+        pass
+
+    return engine_sender(llm, stream, f"fe{spec.index}"), close
+
+
+CLIENT_KINDS = (
+    "grpc-infer",
+    "grpc-stream",
+    "grpc-stream-per-request",
+    "http-generate",
+    "openai",
+    "openai-stream",
+    "engine-front-end",
+    "engine-front-end-stream",
+)
 
 
 async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[None]]]:
@@ -256,6 +326,8 @@ async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[No
         return await _grpc_client(spec, spec.kind == "grpc-stream-per-request")
     if spec.kind in ("http-generate", "openai", "openai-stream"):
         return await _http_client(spec, spec.kind)
+    if spec.kind in ("engine-front-end", "engine-front-end-stream"):
+        return await _engine_front_end_client(spec, spec.kind == "engine-front-end-stream")
     raise ValueError(f"unknown client kind {spec.kind!r}; one of {', '.join(CLIENT_KINDS)}")
 
 
@@ -341,16 +413,21 @@ def _client_process(spec: ClientSpec, connection: Any) -> None:
 
 
 async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
-    """A client process: for each level, warm up, say ready, wait for "go", run its share, report."""
-    send, close = await open_client(spec)
+    """A client process: for each level, warm up, say ready, wait for "go", run its share, report. Each level names
+    the client kind it is run with (a pool may serve several paths: ProcessPoolRunner.as_kind); a kind's client
+    opens at its first level."""
+    clients: dict[str, tuple[Send, Callable[[], Awaitable[None]]]] = {}
     loop = asyncio.get_running_loop()
     try:
         while True:
             command = await loop.run_in_executor(None, connection.recv)
             if command is None:
                 return
-            prompts, concurrency, total, max_tokens, stagger, phase = command
+            kind, prompts, concurrency, total, max_tokens, stagger, phase = command
             try:
+                if kind not in clients:
+                    clients[kind] = await open_client(replace(spec, kind=kind))
+                send = clients[kind][0]
                 await run_level(send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
                 connection.send("ready")
                 if await loop.run_in_executor(None, connection.recv) is None:  # "go" (all start together)
@@ -363,28 +440,37 @@ async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
                 connection.send(RuntimeError(f"client process: {type(exc).__name__}: {exc}"))
     finally:
-        await close()
+        for _, close in clients.values():
+            await close()
 
 
 class ProcessPoolRunner:
     """A level's streams spread over up to `processes` client processes (never more than the concurrency).
 
     The processes start once and serve every level of the path; time.perf_counter is the system's monotonic
-    clock on Linux, so their start and end times compare across processes.
+    clock on Linux, so their start and end times compare across processes. Process i gets the spec with index i.
     """
 
     def __init__(self, spec: ClientSpec, processes: int) -> None:
         context = multiprocessing.get_context("spawn")  # no fork of this process's threads and event loop
+        self.kind = spec.kind
         self._connections: list[Any] = []
         self._processes: list[Any] = []
-        for _ in range(processes):
+        for index in range(processes):
             parent, child = context.Pipe()
-            process = context.Process(target=_client_process, args=(spec, child), daemon=True)
+            process = context.Process(target=_client_process, args=(replace(spec, index=index), child), daemon=True)
             process.start()
             self._connections.append(parent)
             self._processes.append(process)
         self._busy: list[Any] = []
         self._total = 0
+
+    def as_kind(self, kind: str) -> ProcessPoolRunner:
+        """The same processes, running levels with another client kind (one pool for several paths: the engine
+        front ends serve both the plain and the streamed path). Close the pool itself, not a view."""
+        view = copy.copy(self)
+        view.kind = kind
+        return view
 
     async def _receive(self, connection: Any) -> Any:
         reply = await asyncio.get_running_loop().run_in_executor(None, connection.recv)
@@ -403,7 +489,7 @@ class ProcessPoolRunner:
         self._total = total
         shares = zip(self._busy, split(concurrency, len(self._busy)), split(total, len(self._busy)), strict=True)
         for index, (connection, streams, requests) in enumerate(shares):
-            connection.send((prompts, streams, requests, max_tokens, stagger, index / len(self._busy)))
+            connection.send((self.kind, prompts, streams, requests, max_tokens, stagger, index / len(self._busy)))
         await asyncio.gather(*(self._receive(connection) for connection in self._busy))
 
     async def run(self, progress: Any = None) -> LevelRun:

@@ -1,0 +1,59 @@
+"""tools/bench.py's bare-front-ends paths on the real engine: one EngineCore, started by the benchmark's launcher,
+shared by an AsyncLLM client in each of the deployment's `core.front_ends` client processes (as the core's front
+ends share theirs), measured beside the bare engine in one command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.bench import main
+
+pytestmark = pytest.mark.server
+
+MAX_TOKENS = 8
+REQUESTS = 8
+
+
+def _deployment(folder: Path, model: Path) -> Path:
+    path = folder / "front-ends.yaml"
+    path.write_text(
+        f"model: {model}\n"
+        "engine_args:\n"
+        "  enforce_eager: true\n"
+        "  max_model_len: 512\n"
+        "  kv_cache_memory_bytes: 268435456\n"
+        "  disable_log_stats: true\n"
+        "engine_env:\n"
+        '  OMP_NUM_THREADS: "1"\n'
+        '  VLLM_ENABLE_V1_MULTIPROCESSING: "1"\n'  # an EngineCore process that clients can share
+        "core:\n"
+        "  front_ends: 2\n"
+        "health:\n"
+        "  restart_engine: false\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path: Path):
+    paths = "bare,bare-front-ends,bare-front-ends-stream"
+    args = ["--deployment", str(_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "1,4"]
+    args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
+    assert main([*args, "--reps", "1", "--interleave", "--out", str(tmp_path / "out")]) == 0
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert {(run["path"], run["concurrency"]) for run in runs} == {
+        (path, concurrency) for path in paths.split(",") for concurrency in (1, 4)
+    }
+    for run in runs:
+        # every request answered with its tokens, one latency each; TTFT only where the outputs were streamed
+        assert run["requests"] == REQUESTS and run["output_tokens"] == REQUESTS * MAX_TOKENS, run["path"]
+        assert len(run["latencies"]) == REQUESTS and all(latency > 0 for latency in run["latencies"])
+        streamed = run["path"] == "bare-front-ends-stream"
+        assert len(run["ttfts"]) == (REQUESTS if streamed else 0), run["path"]
+    # Each client process's requests got outputs, so each one's client attached to the launcher's engine: at 4
+    # streams both processes ran 2 (a client that cannot attach never answers: its level fails)
+    client_cpu = {run["concurrency"]: run["client_cpu_seconds"] for run in runs if run["path"] == "bare-front-ends"}
+    assert client_cpu[4] > 0
