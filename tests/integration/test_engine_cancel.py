@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from core.engine import Engine
+from core.engine import CANCEL_POLL_SECONDS, Engine
 from core.interface import Unavailable
 from core.protocol import EngineRequest
 from tests.conftest import REPOSITORY
@@ -48,7 +48,11 @@ def _running(engine: Engine) -> int:
     return engine._llm.output_processor.get_num_unfinished_requests()
 
 
-def test_probe_turning_true_aborts_within_a_poll(engine):
+def test_probe_turning_true_aborts_within_a_poll(engine, monkeypatch):
+    # The tiny model makes LONG's 480 tokens on a fast CPU in about the default poll (0.5 s): the request could end on
+    # its own before the probe was read (seen once in CI). Poll 10x as often, and wait out the watcher's current wait.
+    monkeypatch.setattr("core.engine.CANCEL_POLL_SECONDS", 0.05)
+    time.sleep(CANCEL_POLL_SECONDS + 0.1)
     cancelled = threading.Event()
     out = Collector()
     engine.submit(_request(), out, cancelled.is_set)
