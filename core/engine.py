@@ -230,8 +230,7 @@ class Engine:
             pids = front_ends.read_engine_pids(fe, wait_seconds=float(envs.VLLM_ENGINE_READY_TIMEOUT_S))
             config, executor = front_ends.vllm_config(self._engine_args)
         try:
-            log_requests = bool(self._engine_args.get("enable_log_requests", False))
-            llm = front_ends.attach_client(config, executor, fe, self._stat_loggers, self._log_stats(), log_requests)
+            llm = front_ends.attach_client(config, executor, fe, self._stat_loggers, self._engine_args)
         except BaseException:
             self._end_shared_engine()
             raise
@@ -240,9 +239,7 @@ class Engine:
         return llm
 
     def _log_stats(self) -> bool:
-        # vLLM's own rule (AsyncLLM): statistics on when asked for, or when a stat logger of ours wants them. The
-        # EngineCore makes the scheduler's (the gauges) only when launched with them on.
-        return not self._engine_args.get("disable_log_stats", False) or bool(self._stat_loggers)
+        return front_ends.stats_logged(self._engine_args, self._stat_loggers)
 
     def _shared_engine_died(self, llm: Any, fe: FrontEnd, pid: int) -> None:
         """What vLLM's own monitor does for the client that launched its engine: mark it dead and shut the client

@@ -141,20 +141,31 @@ def launch_engine(config: Any, executor: Any, fe: FrontEnd, log_stats: bool) -> 
     return LaunchedEngine(manager)
 
 
+def stats_logged(engine_args: dict[str, Any], stat_loggers: list[Any] | None) -> bool:
+    """vLLM's own rule (AsyncLLM): statistics on when asked for, or when a stat logger wants them. The EngineCore
+    makes the scheduler's (the gauges) only when launched with them on."""
+    return not engine_args.get("disable_log_stats", False) or bool(stat_loggers)
+
+
+def requests_logged(engine_args: dict[str, Any]) -> bool:
+    """A log line per request only with the engine arg `enable_log_requests` (vLLM's default off), as vLLM's
+    engine-args path decides. AsyncLLM's own constructor defaults to on, which logged a line for every request in
+    every front end (measured on the H100: 16,640 lines in one benchmark command)."""
+    return bool(engine_args.get("enable_log_requests", False))
+
+
 def attach_client(
-    config: Any, executor: Any, fe: FrontEnd, stat_loggers: list[Any] | None, log_stats: bool, log_requests: bool
+    config: Any, executor: Any, fe: FrontEnd, stat_loggers: list[Any] | None, engine_args: dict[str, Any]
 ) -> Any:
-    """This front end's AsyncLLM, a client of the shared EngineCore (blocks until the engine greets it).
-    `log_requests`: the engine arg `enable_log_requests` (vLLM's default off). AsyncLLM's own constructor defaults
-    to on, which logged a line for every request in every front end (measured on the H100: 16,640 lines in one
-    benchmark command)."""
+    """This front end's AsyncLLM, a client of the shared EngineCore (blocks until the engine greets it); its
+    logging as `engine_args` ask."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM(
         config,
         executor,
-        log_stats=log_stats,
-        log_requests=log_requests,
+        log_stats=stats_logged(engine_args, stat_loggers),
+        log_requests=requests_logged(engine_args),
         stat_loggers=stat_loggers,
         client_addresses=fe.client_addresses(),
         client_count=fe.count,

@@ -470,19 +470,26 @@ class VllmServe:
 # can be run between two levels of another path (--interleave).
 
 
-async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None:
+def start_bare_engine(engine_args: dict[str, Any], engine_cpus: list[int], stat_loggers: list[Any] | None) -> Any:
+    """The bare engine in this process (its EngineCore a child): configured as the core configures ours, placed as
+    the core places ours (core.engine_cpus; this process then goes to the other CPUs), its start-up heap frozen."""
     from core.engine import prepare_process_environment, start_own_engine
 
     prepare_process_environment()
+    llm = start_own_engine(engine_args, stat_loggers)
+    if engine_cpus:
+        EnginePlacement(engine_cpus).apply(os.getpid())
+    # Frozen as `vllm serve` freezes its own, whatever TRITON_VLLM_GC_FREEZE says (that switch is for our server).
+    freeze_startup_heap(switchable=False)
+    return llm
+
+
+async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None:
     engine_args, stat_loggers, steps, lags = spec["engine_args"], None, None, None
     if spec.get("profile"):  # the engine's steps and lags per level, as the core counts them under --profile
         steps, lags = EngineSteps(), EngineLags()
         engine_args, stat_loggers = profiled_engine_args(engine_args), [stat_logger_factory(steps)]
-    llm = start_own_engine(engine_args, stat_loggers)  # configured as the core configures ours
-    if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
-        EnginePlacement(spec["engine_cpus"]).apply(os.getpid())
-    # Frozen as `vllm serve` freezes its own, whatever TRITON_VLLM_GC_FREEZE says (that switch is for our server).
-    freeze_startup_heap(switchable=False)
+    llm = start_bare_engine(engine_args, spec["engine_cpus"], stat_loggers)
 
     def lag(output: Any, submitted: float, first: bool) -> None:
         assert lags is not None
@@ -641,7 +648,7 @@ def front_ends_launcher(spec: dict[str, Any], commands: Any, answers: Any) -> No
     prepare_process_environment()
     fe = front_ends.FrontEnd(0, spec["front_ends"], Path(spec["socket_dir"]))
     config, executor = front_ends.vllm_config(spec["engine_args"])
-    launched = front_ends.launch_engine(config, executor, fe, not spec["engine_args"].get("disable_log_stats"))
+    launched = front_ends.launch_engine(config, executor, fe, front_ends.stats_logged(spec["engine_args"], None))
     try:
         if spec["engine_cpus"]:  # placed as the core places ours (core.engine_cpus)
             EnginePlacement(spec["engine_cpus"]).apply(os.getpid())

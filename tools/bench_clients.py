@@ -248,7 +248,6 @@ async def _http_client(spec: ClientSpec, kind: str) -> tuple[Send, Callable[[], 
     return (generate if kind == "http-generate" else completions), session.close
 
 
-# grpc-stream: a stream per concurrent slot, reused by its requests; grpc-stream-per-request: a new stream each
 # Clients of a vLLM engine in this process -----------------------------------------------------------------
 
 
@@ -289,9 +288,7 @@ def _attached_front_end(spec_file: str, index: int) -> Any:
     spec = json.loads(Path(spec_file).read_text(encoding="utf-8"))
     fe = front_ends.FrontEnd(index, spec["front_ends"], Path(spec["socket_dir"]))
     config, executor = front_ends.vllm_config(spec["engine_args"])
-    engine_args = spec["engine_args"]
-    log_stats, log_requests = not engine_args.get("disable_log_stats"), bool(engine_args.get("enable_log_requests"))
-    llm = front_ends.attach_client(config, executor, fe, None, log_stats, log_requests)
+    llm = front_ends.attach_client(config, executor, fe, None, spec["engine_args"])
     freeze_startup_heap(switchable=False)  # as the bare worker and `vllm serve` freeze theirs
     return llm
 
@@ -305,6 +302,8 @@ async def _engine_front_end_client(spec: ClientSpec, stream: bool) -> tuple[Send
     return engine_sender(llm, stream, f"fe{spec.index}"), close
 
 
+# grpc-stream: a stream per concurrent slot, reused by its requests; grpc-stream-per-request: a new stream each
+# engine-front-end(-stream): an AsyncLLM front end of the benchmark's shared EngineCore, in this process
 CLIENT_KINDS = (
     "grpc-infer",
     "grpc-stream",

@@ -135,24 +135,18 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from core.cpu_placement import EnginePlacement, pin_process
-    from core.engine import prepare_process_environment, start_own_engine
-    from core.gc_heap import freeze_startup_heap
     from core.metrics import profiled_engine_args, stat_logger_factory
-    from tools.bench import ENGINE_ENV_DEFAULTS, bench_repository, build_prompts
+    from tools.bench import ENGINE_ENV_DEFAULTS, bench_repository, build_prompts, start_bare_engine
     from tools.bench_clients import engine_sender, run_level, warm_up_requests
 
     setup = bench_repository(args.out, args.deployment, {})
     os.environ.update({**ENGINE_ENV_DEFAULTS, **setup.engine_env})  # as tools/bench.py gives every engine
-    placement = EnginePlacement(setup.engine_cpus) if setup.engine_cpus else None
-    if placement is not None:  # this process off the engine's CPUs first: the EngineCore it starts inherits them
-        pin_process(os.getpid(), placement.other_cpus)
-    prepare_process_environment()
+    if setup.engine_cpus:  # this process off the engine's CPUs first, as tools/bench.py's own process
+        pin_process(os.getpid(), EnginePlacement(setup.engine_cpus).other_cpus)
     recorder = StepRecorder()
-    llm = start_own_engine(profiled_engine_args(setup.engine_args), [stat_logger_factory(recorder)])
+    engine_args = profiled_engine_args(setup.engine_args)
+    llm = start_bare_engine(engine_args, setup.engine_cpus, [stat_logger_factory(recorder)])
     try:
-        if placement is not None:
-            placement.apply(os.getpid())
-        freeze_startup_heap(switchable=False)
         prompts = build_prompts(setup.tokenizer)
         send = engine_sender(llm, False, "series")
         await run_level(send, prompts, args.concurrency, warm_up_requests(args.concurrency), args.max_tokens)
