@@ -5,7 +5,8 @@ same model, engine args and engine environment (those of one deployment file).
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
         [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge]
         [--interleave] [--profile] [--quick]
-        [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin] [--out .bench]
+        [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
+        [--background-load-alternate] [--out .bench]
 
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
@@ -65,7 +66,9 @@ of every Python process of the server (and of the bare engine's worker) during t
 (rewritten after every level, so a command stopped by a time limit or a dead server keeps what it measured; it
 then exits 1) and OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see how much the
 engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them);
---background-load-kind memory makes them copy memory too (bandwidth and the shared cache), not only spin.
+--background-load-kind memory makes them copy memory too (bandwidth and the shared cache), not only spin;
+--background-load-alternate runs them in odd repetitions only (paused in even ones) and prints each path's loaded
+repetition over the unloaded one just before it: a paired measure of what the busy CPUs cost the engine.
 """
 
 from __future__ import annotations
@@ -205,6 +208,9 @@ class LevelResult:
     client: str | None = None
     # --stagger-seconds: the streams' starts spread over this many seconds (0: together, as every run before it)
     stagger_seconds: float = 0.0
+    # --background-load: busy processes running while the level was measured (0 in a paused repetition of
+    # --background-load-alternate)
+    background_load: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -964,6 +970,7 @@ class ResultsFile:
             "summary": rows,
             "targets": target_lines(rows),
             "noise": noise_lines(everything),
+            "background_load": load_lines(everything),
             "runs": [asdict(r) for r in everything],
         }
 
@@ -1179,6 +1186,25 @@ def noise_lines(results: list[LevelResult]) -> list[str]:
     return lines
 
 
+def load_lines(results: list[LevelResult]) -> list[str]:
+    """--background-load-alternate: each path's tok/s in a loaded repetition over the unloaded one just before it
+    (repetitions 2k+1 and 2k of one command), per level: how much the busy CPUs slowed that path."""
+    by_round = {(r.round_id, r.path, r.max_tokens, r.concurrency): r for r in results}
+    ratios: dict[tuple[int, int, str], list[float]] = {}
+    for r in results:
+        command, _, rep = r.round_id.partition(".")
+        before = by_round.get((f"{command}.{int(rep) - 1}", r.path, r.max_tokens, r.concurrency)) if rep else None
+        if r.background_load and before is not None and not before.background_load and int(rep) % 2 == 1:
+            key = (r.max_tokens, r.concurrency, r.path)
+            ratios.setdefault(key, []).append(r.tokens_per_second / before.tokens_per_second)
+    return [
+        f"{path} at {max_tokens} tokens x {concurrency}, loaded / unloaded per pair: "
+        + " / ".join(f"{x:.2f}" for x in values)
+        + f" (median {statistics.median(values):.2f})"
+        for (max_tokens, concurrency, path), values in sorted(ratios.items())
+    ]
+
+
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Each target of the performance issue that this run can judge: the ratio per level and whether it holds."""
     by_key = {(r["path"], r["max_tokens"], r["concurrency"]): r for r in rows}
@@ -1352,28 +1378,45 @@ async def run_all(
         pin_process(os.getpid(), placement.other_cpus)
         print(f"bench: {placement.describe()}", file=sys.stderr)
     # Started after this process took its CPUs, so the busy loops inherit them and never share the engine's.
-    with busy_processes(args.background_load, args.background_load_kind):
-        await measure_all(args, setup, on_result, done)
+    with busy_processes(args.background_load, args.background_load_kind) as load:
+        await measure_all(args, setup, on_result, done, load)
 
 
 # --background-load-kind: what each busy process does. `spin` keeps a CPU busy and little else; `memory` copies
 # 256 MiB into another 256 MiB over and over (a memmove, no page faults), so it also takes memory bandwidth and
 # evicts the last-level cache that CPUs share (as a server's busy processes may, beside a CPU-bound EngineCore).
+# `objects` builds and drops 200,000 small dicts over and over (~50 MB): a Python server's allocation churn, between
+# the two.
 BACKGROUND_LOADS = {
     "spin": "while True: pass",
     "memory": "source, target = bytearray(256 << 20), bytearray(256 << 20)\nwhile True: target[:] = source",
+    "objects": "while True: [{'id': i, 'text': str(i) * 8} for i in range(200_000)]",
 }
 
 
+class BackgroundLoad:
+    """--background-load's busy processes. `run(False)` pauses them (SIGSTOP) and `run(True)` lets them go on
+    (SIGCONT), so --background-load-alternate can load every other repetition of a run."""
+
+    def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
+        self.processes = processes
+        self.running = len(processes)
+
+    def run(self, running: bool) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGCONT if running else signal.SIGSTOP)
+        self.running = len(self.processes) if running else 0
+
+
 @contextlib.contextmanager
-def busy_processes(count: int, kind: str = "spin") -> Iterator[list[subprocess.Popen[bytes]]]:
+def busy_processes(count: int, kind: str = "spin") -> Iterator[BackgroundLoad]:
     """`count` busy processes of `kind` (--background-load) for the block's duration, on this process's CPUs."""
     load = [subprocess.Popen([sys.executable, "-c", BACKGROUND_LOADS[kind]]) for _ in range(count)]
     try:
-        yield load
+        yield BackgroundLoad(load)
     finally:
         for process in load:
-            process.kill()
+            process.kill()  # a stopped process is killed too
             process.wait()
 
 
@@ -1382,6 +1425,7 @@ async def measure_all(
     setup: BenchSetup,
     on_result: Callable[[LevelResult], None],
     done: Callable[[dict[str, Any]], int],
+    load: BackgroundLoad,
 ) -> None:
     from tqdm import tqdm
 
@@ -1403,6 +1447,7 @@ async def measure_all(
                 rep,
                 level["requests"],
                 stagger_seconds=level["stagger"],
+                background_load=load.running,
                 **measured,
             )
         )
@@ -1443,6 +1488,8 @@ async def measure_all(
                     await opened.pop().close()
                 await start(group)
             progress.set_description(f"{path} (rep {rep + 1})")
+            if args.background_load_alternate:
+                load.run(rep % 2 == 1)
             record(path, rep, level, await group.measure(path, rep, level, progress))
     finally:
         for group in reversed(opened):
@@ -1534,7 +1581,14 @@ def main(argv: list[str] | None = None) -> int:
         "--background-load-kind",
         choices=sorted(BACKGROUND_LOADS),
         default="spin",
-        help="what the --background-load processes do: spin (a CPU), or memory (a CPU, memory bandwidth and cache)",
+        help="what the --background-load processes do: spin (a CPU), memory (a CPU, memory bandwidth and cache), "
+        "objects (a CPU and Python allocation churn)",
+    )
+    parser.add_argument(
+        "--background-load-alternate",
+        action="store_true",
+        help="run the --background-load processes in odd repetitions only (paused in even ones): each path's "
+        "repetitions 2k and 2k+1 are its unloaded and loaded pair",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", type=Path, help=argparse.SUPPRESS)
@@ -1573,6 +1627,10 @@ def main(argv: list[str] | None = None) -> int:
     if doc["noise"]:
         print("\nthe machine's own spread of a paired ratio (the same engine's two paths, seconds apart):")
         for line in doc["noise"]:
+            print(line)
+    if doc["background_load"]:
+        print("\n--background-load-alternate, each path's loaded repetition over its unloaded one before it:")
+        for line in doc["background_load"]:
             print(line)
     print(f"\nresults: {results.path}  plot: {args.out / 'bench.png'}")
     if stopped is not None:

@@ -479,8 +479,9 @@ def test_background_load_runs_only_inside_its_block_and_on_this_process_cpus():
     from tools.bench import busy_processes
     from tools.triton_server import process_table
 
-    with busy_processes(1) as spin, busy_processes(1, "memory") as memory:
-        load = spin + memory
+    with busy_processes(1) as spin, busy_processes(1, "memory") as memory, busy_processes(1, "objects") as objects:
+        load = spin.processes + memory.processes + objects.processes
+        time.sleep(0.5)  # long enough for a load whose code does not run to exit
         assert all(p.poll() is None for p in load)
         assert all(os.sched_getaffinity(p.pid) == os.sched_getaffinity(0) for p in load)
         # the memory load's target buffer is written over and over: 256 MiB resident or more once its copies start
@@ -489,6 +490,62 @@ def test_background_load_runs_only_inside_its_block_and_on_this_process_cpus():
             time.sleep(0.1)
         assert rss_mib[0] < 64 and rss_mib[1] >= 256, rss_mib
     assert all(p.poll() is not None for p in load)  # killed and reaped: nothing keeps a CPU busy after the run
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_a_paused_background_load_takes_no_cpu_until_it_runs_again():
+    """--background-load-alternate pauses the busy loops in even repetitions: stopped, they use no CPU at all."""
+    from tools.bench import busy_processes
+
+    with busy_processes(2) as load:
+        assert load.running == 2
+        load.run(False)
+        assert load.running == 0
+        time.sleep(0.2)  # a SIGSTOP is delivered asynchronously
+        assert all(_process_state(p.pid) == "T" for p in load.processes)
+        ticks = [_cpu_ticks(p.pid) for p in load.processes]
+        time.sleep(0.5)
+        assert [_cpu_ticks(p.pid) for p in load.processes] == ticks
+        load.run(True)
+        assert load.running == 2
+        time.sleep(0.5)
+        assert all(_process_state(p.pid) != "T" for p in load.processes)
+        assert sum(_cpu_ticks(p.pid) for p in load.processes) > sum(ticks)
+    assert all(p.poll() is not None for p in load.processes)  # a paused process is killed and reaped too
+
+
+def test_load_lines_pair_each_loaded_repetition_with_the_unloaded_one_before_it():
+    from tools.bench import load_lines
+
+    def run(path: str, rep: int, tps: float, busy: int, command: int = 0) -> LevelResult:
+        result = _run(path, tps, 256)
+        result.rep, result.round_id, result.background_load = rep, f"{command}.{rep}", busy
+        return result
+
+    results = [
+        run("bare", 0, 100, 0),
+        run("bare", 1, 80, 4),
+        run("bare", 2, 110, 0),
+        run("bare", 3, 99, 4),
+        run("bare", 4, 100, 0),  # unpaired: no loaded repetition after it
+        run("bare", 1, 50, 4, command=1),  # its unloaded repetition is not in the file
+        run("plain-grpc", 0, 90, 0),
+        run("plain-grpc", 1, 90, 4),
+        run("bare-stream", 0, 90, 4),  # a whole-run load (no alternation): nothing to pair
+        run("bare-stream", 1, 90, 4),
+    ]
+    assert load_lines(results) == [
+        "bare at 256 tokens x 256, loaded / unloaded per pair: 0.80 / 0.90 (median 0.85)",
+        "plain-grpc at 256 tokens x 256, loaded / unloaded per pair: 1.00 (median 1.00)",
+    ]
 
 
 def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: Path, monkeypatch):
@@ -508,7 +565,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         events.append(f"load {count} {kind}")
         yield []
 
-    async def measure(args, got_setup, on_result, done):
+    async def measure(args, got_setup, on_result, done, load):
         assert got_setup is setup
         events.append("measure")
 
