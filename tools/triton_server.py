@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -98,20 +99,43 @@ def format_failures(failures: list[LoadFailure]) -> str:
 _OUT_OF_THREADS = re.compile(r"pthread_create failed|can't start new thread")
 
 
-def python_instances(repository: Path) -> int:
-    """How many Python-backend model instances a repository's configs ask for."""
+def python_instance_counts(repository: Path) -> dict[str, int]:
+    """Each Python-backend model of a repository, by name, with the instances its config asks for."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    total = 0
+    counts = {}
     for path in sorted(Path(repository).glob("*/config.pbtxt")):
         try:
             config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
         except (OSError, text_format.ParseError):  # not ours to judge here: Triton's log says what is wrong with it
             continue
         if config.backend == "python":
-            total += sum(group.count or 1 for group in config.instance_group) or 1
-    return total
+            counts[config.name or path.parent.name] = sum(group.count or 1 for group in config.instance_group) or 1
+    return counts
+
+
+def python_instances(repository: Path) -> int:
+    """How many Python-backend model instances a repository's configs ask for."""
+    return sum(python_instance_counts(repository).values())
+
+
+# Triton's Python backend unloads a model's instances one after another, and each instance's teardown starts with a
+# fixed one-second probe of its stub's health (python_backend's StubLauncher::UpdateHealth sleeps 1 s): a model of N
+# instances takes N seconds or more to unload, while models unload side by side (docs/platform-notes.md T11). On the
+# H100 host the benchmark deployment's 8 postprocess instances took 11.3 s, and its 12 preprocess instances were still
+# loaded when a 15 s exit timeout ran out ("failed to stop server: ... Exit timeout expired").
+DEFAULT_EXIT_TIMEOUT_SECONDS = 15
+UNLOAD_SECONDS_PER_INSTANCE = 1.5
+UNLOAD_MARGIN_SECONDS = 5
+
+
+def exit_timeout_for(repository: Path) -> int:
+    """tritonserver's --exit-timeout-secs for a repository: 15 s, or longer where its largest Python model needs
+    that long to unload instance by instance."""
+    largest = max(python_instance_counts(repository).values(), default=0)
+    unload = math.ceil(UNLOAD_SECONDS_PER_INSTANCE * largest) + UNLOAD_MARGIN_SECONDS
+    return max(DEFAULT_EXIT_TIMEOUT_SECONDS, unload)
 
 
 def out_of_threads(log_text: str, repository: Path) -> str | None:
@@ -227,7 +251,7 @@ class TritonServer:
         metrics_port: int = 8002,
         address: str = "127.0.0.1",
         log_file: Path | None = None,
-        exit_timeout_secs: int = 15,
+        exit_timeout_secs: int | None = None,
         extra_args: list[str] | None = None,
         environment: dict[str, str] | None = None,
     ) -> None:
@@ -235,7 +259,7 @@ class TritonServer:
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.address = address
         self.log_file = log_file
-        self.exit_timeout_secs = exit_timeout_secs
+        self._exit_timeout_secs = exit_timeout_secs  # None: exit_timeout_for(the repository), read at start
         self.extra_args = list(extra_args or [])
         self.environment = dict(environment or {})  # added to the server's environment (its stubs inherit it)
         self.shm_prefix = f"tvllm{uuid.uuid4().hex[:8]}_"
@@ -247,6 +271,12 @@ class TritonServer:
         self.leaked_inflight: dict[str, int] = {}
         self._log_start = 0  # where this start's lines begin in an appended log file
         self._log_in_tmp_dir = log_file is None
+
+    @property
+    def exit_timeout_secs(self) -> int:
+        if self._exit_timeout_secs is None:  # the repository is rendered by now: this start's command needs it
+            self._exit_timeout_secs = exit_timeout_for(self.model_repository)
+        return self._exit_timeout_secs
 
     @property
     def http_url(self) -> str:

@@ -1,17 +1,24 @@
-"""Python-backend facts the core's design and the launcher rest on (docs/platform-notes.md T9, T10), shown on the
+"""Python-backend facts the core's design and the launcher rest on (docs/platform-notes.md T9, T10, T11), shown on the
 real tritonserver with trivial Python models (no vLLM)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as http
 
-from tools.triton_server import ModelLoadError, python_backend_threads, start_on_free_ports
+from tools.triton_server import (
+    ModelLoadError,
+    exit_timeout_for,
+    python_backend_threads,
+    python_instance_counts,
+    start_on_free_ports,
+)
 
 pytestmark = pytest.mark.server
 
@@ -101,3 +108,36 @@ def test_t9_a_batching_model_cannot_declare_a_per_sequence_output(tmp_path: Path
         start_on_free_ports(tmp_path, tmp_path / "tritonserver.log", timeout=120)
     assert [f.model for f in refused.value.failures] == ["vector"]
     assert "model output 'y' must specify 'dims'" in str(refused.value)
+
+
+_LOG_TIME = re.compile(r"^[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) ")
+
+
+def _logged_at(log_text: str, needle: str) -> float:
+    """Seconds of the day at which Triton logged the first line containing `needle`."""
+    for line in log_text.splitlines():
+        if needle in line and (match := _LOG_TIME.match(line)):
+            hours, minutes, seconds = match.groups()
+            return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    raise AssertionError(f"no log line with {needle!r}")
+
+
+def test_t11_a_python_model_unloads_its_instances_one_after_another_a_second_each(tmp_path: Path):
+    # Each instance's teardown starts with the backend's fixed 1 s health probe of its stub, one instance after the
+    # other, while models unload side by side: why the launcher's exit timeout grows with the largest model.
+    counts = {"one": 1, "four": 4}
+    for name, count in counts.items():
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.py").write_text(MODEL_PY)
+        (tmp_path / name / "config.pbtxt").write_text(CONFIG.format(name=name, max_batch_size=0, count=count))
+    assert python_instance_counts(tmp_path) == counts
+    server = start_on_free_ports(tmp_path, tmp_path / "tritonserver.log", timeout=120)
+    assert server.exit_timeout_secs == exit_timeout_for(tmp_path)
+    code = server.stop()
+    log = server.log_text()
+    assert code == 0 and "Exit timeout expired" not in log
+    unloading = _logged_at(log, "All models are stopped, unloading models")
+    took = {name: _logged_at(log, f"successfully unloaded '{name}'") - unloading for name in counts}
+    print(f"\nunload seconds after the stop began: {took}")
+    assert 1.0 <= took["one"] < 3.0, took
+    assert 4.0 <= took["four"] < exit_timeout_for(tmp_path), took
