@@ -48,6 +48,7 @@ EARLY_ABORTS_KEPT = 4096
 HEALTH_POLL_SECONDS = 0.25  # how often the supervisor looks at vLLM's own `errored` flag
 DRAIN_SECONDS = 5.0  # after a death, how long in-flight requests get to receive vLLM's EngineDeadError
 STABLE_SECONDS = 60.0  # a restarted engine that dies sooner than this counts as a failed restart
+END_HANDLER_SECONDS = 5.0  # a front end's quiet end of its client's output handler (the loop is idle by then)
 RESTARTING = "the vLLM engine died and is restarting; retry in a few seconds"
 
 
@@ -246,6 +247,10 @@ class Engine:
         down, which fails every request in flight with EngineDeadError (UNAVAILABLE) and refuses new ones."""
         if front_ends.engine_stopped(fe):  # front end 0 ended it: the server (or the model) is shutting down
             log.warning("%s: the shared vLLM engine was stopped by front end 0", fe.describe())
+            if self._loop is not None:  # quietly: an end on purpose is not the client's failure
+                with contextlib.suppress(Exception):
+                    ended = asyncio.run_coroutine_threadsafe(front_ends.end_output_handler(llm), self._loop)
+                    ended.result(timeout=END_HANDLER_SECONDS)
         else:
             log.error("the shared vLLM engine died (EngineCore process %d ended); requests get UNAVAILABLE", pid)
         with contextlib.suppress(Exception):

@@ -115,3 +115,32 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         client.close()
     finally:
         server.stop()
+
+
+def test_a_clean_stop_ends_the_shared_engine_without_an_error_in_the_other_front_ends(tiny_model, tmp_path):
+    """At a stop, front end 0 ends the shared engine and the other front ends see it end: the server stopping, not
+    their failure. Before, each of them logged vLLM's `AsyncLLM output_handler failed` with a traceback at every
+    stop (three in every benchmark command on the H100)."""
+    import tritonclient.grpc as grpcclient
+
+    repository = render_repository(
+        tmp_path / "repository",
+        entry="ensemble",
+        core={"front_ends": FRONT_ENDS},
+        health={"restart_engine": False},
+        engine_env={"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
+    log = tmp_path / "tritonserver.log"
+    server = start_on_free_ports(repository, log)
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for _ in range(2 * FRONT_ENDS):
+            client.infer(PLAIN_MODEL, grpc_inputs("hello", GREEDY), client_timeout=120)
+        client.close()
+    finally:
+        code = server.stop()
+    text = log.read_text(errors="replace")
+    assert code == 0, "a clean stop"
+    assert "the shared vLLM engine was stopped by front end 0" in text, "front end 1 saw the engine end"
+    assert "output_handler failed" not in text
+    assert "EngineDeadError" not in text
