@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import itertools
 import locale
@@ -210,7 +211,10 @@ class Engine:
             llm = start_own_engine(self._engine_args, self._stat_loggers)
         if self._on_start is not None:
             self._on_start()
-        return llm
+        try:
+            return llm
+        finally:
+            del llm  # this frame outlives the call (docs/platform-notes.md E4): it must not keep the engine
 
     def _attach_front_end(self, fe: FrontEnd) -> Any:
         """Front end 0 launches the shared EngineCore and publishes its process ids; every front end then attaches
@@ -235,9 +239,12 @@ class Engine:
         except BaseException:
             self._end_shared_engine()
             raise
-        front_ends.watch_engine(pids, lambda pid: self._shared_engine_died(llm, fe, pid), self._closing)
+        front_ends.watch_engine(pids, functools.partial(self._shared_engine_died, llm, fe), self._closing)
         log.info("%s: attached to the engine (EngineCore process %s)", fe.describe(), ", ".join(map(str, pids)))
-        return llm
+        try:
+            return llm
+        finally:
+            del llm  # this frame outlives the call (docs/platform-notes.md E4): it must not keep the engine
 
     def _log_stats(self) -> bool:
         return front_ends.stats_logged(self._engine_args, self._stat_loggers)
