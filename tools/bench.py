@@ -1612,8 +1612,15 @@ def main(argv: list[str] | None = None) -> int:
         stagger_seconds=args.stagger_seconds,
     )
     stopped: BaseException | None = None
+    # A time limit (`timeout`, a job scheduler) ends a run with SIGTERM, whose default kills this process alone: its
+    # servers, engines and workers run in sessions of their own and lived on. An orphaned benchmark server held
+    # ~14,000 threads (docs/platform-notes.md T10) and the GPU memory of its engines, and the next run on the machine
+    # failed with "can't start new thread". SIGTERM is taken as Ctrl-C: every group is closed on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         asyncio.run(run_all(args, results.add, results.repetitions_done))
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the groups are closed by now
+        stopped = exc
     except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured
         stopped = exc
         traceback.print_exc()
@@ -1634,7 +1641,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
     print(f"\nresults: {results.path}  plot: {args.out / 'bench.png'}")
     if stopped is not None:
-        print(f"bench: stopped early ({type(stopped).__name__}: {stopped}); the table holds what was measured")
+        reason = "interrupted" if isinstance(stopped, KeyboardInterrupt) else f"{type(stopped).__name__}: {stopped}"
+        print(f"bench: stopped early ({reason}); the table holds what was measured")
         return 1
     return 0
 

@@ -1,0 +1,95 @@
+"""tools/bench.py stopped by SIGTERM (what `timeout` and job schedulers send): the servers, engines and workers it
+started run in sessions of their own, so the signal's default (this process dies alone) left them running. On the
+H100 an orphaned benchmark server kept ~14,000 threads and its engines' GPU memory, and the next run on the machine
+failed with "can't start new thread". Measured here with the real server and engine: every process the run started
+is gone once it exits."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.server
+
+ROOT = Path(__file__).resolve().parents[2]
+START_SECONDS = 300  # both engines up (CPU) and one level measured
+STOP_SECONDS = 120  # the server's exit timeout, the bare worker's engine shutdown
+
+
+def _children() -> dict[int, int]:
+    """pid -> parent pid of every process now."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def _descendants(root: int) -> set[int]:
+    parents = _children()
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie that nobody reaped yet (a container's init may not reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _measured(results: Path) -> set[str]:
+    try:
+        return {run["path"] for run in json.loads(results.read_text())["runs"]}
+    except (OSError, ValueError, KeyError):
+        return set()
+
+
+def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "tools" / "bench.py"), "--paths", "bare,plain-grpc", "--levels", "1"]
+    command += ["--max-tokens", "8", "--reps", "1000", "--interleave", "--out", str(out)]
+    bench = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while _measured(out / "results.json") != {"bare", "plain-grpc"}:
+            assert bench.poll() is None, f"bench exited early:\n{bench.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, "no level measured on both paths in time"
+            time.sleep(1)
+        started = _descendants(bench.pid)
+        names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in started if _alive(pid)}
+        assert "tritonserver" in names, names  # the run's server is among them, and the engines' processes
+        bench.send_signal(signal.SIGTERM)
+        output, _ = bench.communicate(timeout=STOP_SECONDS)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 1, output[-3000:]
+    assert "bench: stopped early (interrupted)" in output
+    # what it measured before the signal is kept
+    assert _measured(out / "results.json") == {"bare", "plain-grpc"}
+    deadline = time.monotonic() + 10  # a process that was killed last may still be on its way out
+    while (left := {pid for pid in started if _alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    commands = {pid: Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:200] for pid in left}
+    for pid in left:  # not left running for the rest of the suite
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, commands
