@@ -120,6 +120,7 @@ from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
 from tools.triton_server import (  # noqa: E402
     TritonServer,
     free_port,
+    interrupt_on_sigterm,
     process_table,
     server_environment,
     start_on_free_ports,
@@ -1616,7 +1617,7 @@ def main(argv: list[str] | None = None) -> int:
     # servers, engines and workers run in sessions of their own and lived on. An orphaned benchmark server held
     # ~14,000 threads (docs/platform-notes.md T10) and the GPU memory of its engines, and the next run on the machine
     # failed with "can't start new thread". SIGTERM is taken as Ctrl-C: every group is closed on the way out.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interrupt_on_sigterm()
     try:
         asyncio.run(run_all(args, results.add, results.repetitions_done))
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the groups are closed by now

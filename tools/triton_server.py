@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -241,6 +242,19 @@ def start_on_free_ports(repository: Path, log_file: Path, timeout: float = 600.0
     return server
 
 
+def interrupt_on_sigterm() -> None:
+    """Take SIGTERM as Ctrl-C in this process, unless it already has a handler of its own.
+
+    A server runs in a session of its own (so that stopping it stops its stubs and engines), so a signal meant for
+    its caller does not reach it. SIGTERM, which `timeout`, job schedulers and `docker stop` send, ends a Python
+    process without running its `finally` blocks: the caller's servers lived on (on the H100 an orphaned benchmark
+    server with ~14,000 threads made the next run fail, docs/performance-gpu.md). As a KeyboardInterrupt it unwinds
+    through the `finally` blocks and context managers that stop them. Only the main thread may set a handler.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 class TritonServer:
     def __init__(
         self,
@@ -305,6 +319,7 @@ class TritonServer:
         ]
 
     def start(self) -> None:
+        interrupt_on_sigterm()  # a caller stopped by SIGTERM still stops this server on its way out
         # Short (Unix socket paths must stay under 108 bytes), under the caller's TMPDIR
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=self.shm_prefix))
         if self._log_in_tmp_dir:  # stop() reads Triton's shutdown messages; a new start, a new folder

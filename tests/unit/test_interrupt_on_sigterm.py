@@ -1,0 +1,67 @@
+"""tools/triton_server.interrupt_on_sigterm: SIGTERM unwinds like Ctrl-C (the `finally` that stops a server runs),
+and a handler the program set itself is kept. Each case runs in a fresh interpreter: signal handlers are
+process-wide."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_sigterm_runs_the_finally_blocks_that_stop_servers():
+    result = _run(
+        """
+        import os, signal, time
+        from tools.triton_server import interrupt_on_sigterm
+        interrupt_on_sigterm()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted")
+        finally:
+            print("stopped the servers")
+        """
+    )
+    assert result.stdout.split() == ["interrupted", "stopped", "the", "servers"], result.stderr
+
+
+def test_without_it_sigterm_skips_them():
+    # what the helper is for: Python's default ends the process at once, the finally never runs
+    result = _run(
+        """
+        import os, signal, time
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        finally:
+            print("stopped the servers")
+        """
+    )
+    assert result.returncode == -15 and result.stdout == ""
+
+
+def test_a_handler_of_the_programs_own_is_kept():
+    result = _run(
+        """
+        import os, signal, time
+        from tools.triton_server import interrupt_on_sigterm
+        signal.signal(signal.SIGTERM, lambda *_: print("own handler"))
+        interrupt_on_sigterm()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("went on")
+        """
+    )
+    assert result.stdout.splitlines()[:2] == ["own handler", "went on"], result.stderr
