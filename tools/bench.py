@@ -1613,10 +1613,8 @@ def main(argv: list[str] | None = None) -> int:
         stagger_seconds=args.stagger_seconds,
     )
     stopped: BaseException | None = None
-    # A time limit (`timeout`, a job scheduler) ends a run with SIGTERM, whose default kills this process alone: its
-    # servers, engines and workers run in sessions of their own and lived on. An orphaned benchmark server held
-    # ~14,000 threads (docs/platform-notes.md T10) and the GPU memory of its engines, and the next run on the machine
-    # failed with "can't start new thread". SIGTERM is taken as Ctrl-C: every group is closed on the way out.
+    # Before any group opens (the bare worker and `vllm serve` start before a Triton server would install it): a run
+    # stopped by `timeout` closes every group on the way out instead of leaving them running.
     interrupt_on_sigterm()
     try:
         asyncio.run(run_all(args, results.add, results.repetitions_done))

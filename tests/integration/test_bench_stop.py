@@ -24,7 +24,7 @@ START_SECONDS = 300  # both engines up (CPU) and one level measured
 STOP_SECONDS = 120  # the server's exit timeout, the bare worker's engine shutdown
 
 
-def _children() -> dict[int, int]:
+def _parents() -> dict[int, int]:
     """pid -> parent pid of every process now."""
     parents = {}
     for entry in os.listdir("/proc"):
@@ -38,7 +38,7 @@ def _children() -> dict[int, int]:
 
 
 def _descendants(root: int) -> set[int]:
-    parents = _children()
+    parents = _parents()
     found, frontier = set(), {root}
     while frontier:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - found

@@ -37,21 +37,6 @@ def test_sigterm_runs_the_finally_blocks_that_stop_servers():
     assert result.stdout.split() == ["interrupted", "stopped", "the", "servers"], result.stderr
 
 
-def test_without_it_sigterm_skips_them():
-    # what the helper is for: Python's default ends the process at once, the finally never runs
-    result = _run(
-        """
-        import os, signal, time
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(10)
-        finally:
-            print("stopped the servers")
-        """
-    )
-    assert result.returncode == -15 and result.stdout == ""
-
-
 def test_a_handler_of_the_programs_own_is_kept():
     result = _run(
         """
