@@ -64,6 +64,12 @@ class CoreProcessSettings(Settings):
     # per streamed delta. The core then takes one request per execute: its outputs are the ensemble's public,
     # unbatched outputs, which a batching model cannot produce.
     postprocess_in_sender: bool = False
+    # Threads (per front end) on which the core runs the streaming ensemble's preprocess stage (in-process, the
+    # same class and settings as the preprocess model) instead of the preprocess model: one Python-backend round
+    # trip less before the engine sees a streamed request. Tokenizing releases the GIL, so a burst of requests is
+    # tokenized side by side, as by the preprocess model's instances. 0: the preprocess model does it. The core
+    # then takes one request per execute (its inputs are the ensemble's public, unbatched inputs).
+    preprocess_threads: int = Field(0, ge=0, le=64)
 
 
 class CoreSettings(Settings):

@@ -62,12 +62,13 @@ def check_deployment(deployment: Deployment) -> None:
         # An entry model cancels by key; the key lives in the front end that took the request, and the control
         # request could reach another one.
         raise ConfigError("core.front_ends > 1 works with entry: ensemble only; with entry: bls set it to 1")
-    if deployment.core.postprocess_in_sender and deployment.entry == "bls":
-        # The entry models run postprocess themselves; the core's would never be asked for.
-        raise ConfigError(
-            "core.postprocess_in_sender works with entry: ensemble only (entry: bls runs postprocess in the entry"
-            " model); remove it or set entry: ensemble"
-        )
+    for key, stage in (("postprocess_in_sender", "postprocess"), ("preprocess_threads", "preprocess")):
+        if getattr(deployment.core, key) and deployment.entry == "bls":
+            # The entry models run the stages themselves; the core's would never be asked for.
+            raise ConfigError(
+                f"core.{key} works with entry: ensemble only (entry: bls runs {stage} in the entry"
+                " model); remove it or set entry: ensemble"
+            )
     for key in deployment.engine_env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"engine_env.{key}: not an environment variable name (letters, digits, _)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +144,16 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     # core.postprocess_in_sender: the core also gives the postprocess stage's outputs, which the streaming ensemble
     # asks for (BLS callers ask for ENGINE_RESPONSE); they are the ensemble's public, unbatched outputs, so the core
     # cannot batch its intake (docs/platform-notes.md T9).
+    # core.preprocess_threads: the core also takes the preprocess stage's inputs (the ensemble's public ones), so
+    # every input is optional: a BLS caller sends ENGINE_REQUEST, the streaming ensemble the public inputs.
     in_sender = deployment.core.postprocess_in_sender
+    in_core_pre = deployment.core.preprocess_threads > 0
+    core_inputs = core_io[0]
+    if in_core_pre:
+        core_inputs = tuple(replace(t, optional=True) for t in core_io[0] + pre_cls.inputs)
     files[f"{names.core}/config.pbtxt"] = _python_model(
         names.core,
-        core_io[0],
+        core_inputs,
         core_io[1] + (post_cls.outputs if in_sender else ()),
         # One engine, which spans the GPUs itself (tensor_parallel_size), hence KIND_MODEL as the vLLM backend; its
         # front ends (core/front_ends.py) are the instances.
@@ -155,10 +162,12 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         decoupled=True,
         # Requests that arrive together enter the core in one execute (~1 ms round trip each on an H100 host;
         # a burst of 256 streams waited up to ~250 ms for it): docs/performance-gpu.md.
-        max_batch_size=0 if in_sender else INTAKE_MAX_BATCH_SIZE,
+        max_batch_size=0 if in_sender or in_core_pre else INTAKE_MAX_BATCH_SIZE,
     )
-    if in_sender:  # the same class and settings as the postprocess model's stage.json
-        stages = {"postprocess": json.loads(files[f"{names.postprocess}/1/{STAGE_FILE}"])}
+    # The stages the core runs itself: the same classes and settings as the stage models' stage.json
+    in_core = [stage for stage, on in (("preprocess", in_core_pre), ("postprocess", in_sender)) if on]
+    if in_core:
+        stages = {stage: json.loads(files[f"{getattr(names, stage)}/1/{STAGE_FILE}"]) for stage in in_core}
         files[f"{names.core}/1/{STAGES_FILE}"] = _json(stages)
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
     files[f"{names.core}/1/model.json"] = _json(engine_args)
@@ -203,14 +212,19 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     public_in = {t.name: t.name for t in pre_cls.inputs}
     public_out = {t.name: t.name for t in post_cls.outputs}
     for ensemble, middle in ((names.plain, names.generate), (names.streaming, names.core)):
-        steps = [_step(names.preprocess, public_in, {tensors.ENGINE_REQUEST.name: request})]
-        if in_sender and middle == names.core:
-            steps.append(_step(middle, {tensors.ENGINE_REQUEST.name: request}, public_out))
-        else:
-            steps += [
-                _step(middle, {tensors.ENGINE_REQUEST.name: request}, {tensors.ENGINE_RESPONSE.name: response}),
-                _step(names.postprocess, {tensors.ENGINE_RESPONSE.name: response}, public_out),
-            ]
+        # The streaming ensemble leaves out the stages that the core runs itself.
+        pre_in_core = in_core_pre and middle == names.core
+        post_in_core = in_sender and middle == names.core
+        steps = [] if pre_in_core else [_step(names.preprocess, public_in, {tensors.ENGINE_REQUEST.name: request})]
+        steps.append(
+            _step(
+                middle,
+                public_in if pre_in_core else {tensors.ENGINE_REQUEST.name: request},
+                public_out if post_in_core else {tensors.ENGINE_RESPONSE.name: response},
+            )
+        )
+        if not post_in_core:
+            steps.append(_step(names.postprocess, {tensors.ENGINE_RESPONSE.name: response}, public_out))
         files[f"{ensemble}/config.pbtxt"] = _ensemble(ensemble, pre_cls.inputs, post_cls.outputs, steps)
         files[f"{ensemble}/1/.keep"] = ""  # Triton needs a version folder, also for an ensemble
     return dict(sorted(files.items()))

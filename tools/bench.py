@@ -25,6 +25,8 @@ Paths:
   vllm-backend-stream   the Triton vLLM backend in the same server (needs --vllm-backend), gRPC stream
   --extra-model NAME          another model of the same server with the vLLM backend's tensors, gRPC infer
   --extra-stream-model NAME   another decoupled model of the same server, gRPC stream (path extra-stream:NAME)
+  --preprocess-model-stream NAME   with core.preprocess_threads: the streaming ensemble as it is without them (the
+                preprocess model, then the same core and engine), added as model NAME (path extra-stream:NAME)
 
 --deployment FILE (default: deployments/default.yaml with BENCH_ENGINE_OVERRIDES, the CPU set-up) is rendered
 as it is (engine args, engine_env, instance counts, stream pacing, entry kind); the bare and `vllm serve` paths
@@ -830,12 +832,18 @@ class BenchSetup:
 
 
 def bench_repository(
-    out: Path, deployment_file: Path | None, variables: dict[str, str], also: Sequence[Path] = ()
+    out: Path,
+    deployment_file: Path | None,
+    variables: dict[str, str],
+    also: Sequence[Path] = (),
+    preprocess_model_stream: str | None = None,
 ) -> BenchSetup:
     """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given), and
-    the `also` deployments next to it (--also-deployment: their model names must differ from its)."""
+    the `also` deployments next to it (--also-deployment: their model names must differ from its).
+    `preprocess_model_stream` (--preprocess-model-stream NAME) adds the streaming ensemble as it is without
+    core.preprocess_threads (the preprocess model, then the same core) as model NAME."""
     from core.engine_config import load_engine_args
-    from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render_together, write
+    from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render, render_together, write
 
     deployment = load_deployment(deployment_file or DEFAULT_CONFIG, variables)
     if deployment_file is None:
@@ -846,6 +854,16 @@ def bench_repository(
         files = render_together([deployment, *(load_deployment(extra, variables) for extra in also)], repo)
     except ConfigError as exc:
         raise SystemExit(f"bench: --also-deployment: {exc}") from None
+    if preprocess_model_stream is not None:
+        if not deployment.core.preprocess_threads:
+            raise SystemExit("bench: --preprocess-model-stream needs a deployment with core.preprocess_threads")
+        # Only the ensemble is taken: its steps are the deployment's own preprocess model and core, which takes
+        # ENGINE_REQUEST from any caller (a BLS caller's way in), so both ensembles share one core and engine.
+        core = deployment.core.model_copy(update={"preprocess_threads": 0})
+        names = deployment.names.model_copy(update={"streaming": preprocess_model_stream})
+        staged = deployment.model_copy(update={"core": core, "names": names})
+        folder = preprocess_model_stream + "/"
+        files.update({name: text for name, text in render(staged, repo).items() if name.startswith(folder)})
     write(files, repo)
     engine_args = load_engine_args(repo / deployment.names.core / "1" / "model.json")
     return BenchSetup(
@@ -1354,6 +1372,7 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
         *args.paths,
         *(f"extra:{n}" for n in args.extra_model),
         *(f"extra-stream:{n}" for n in args.extra_stream_model),
+        *([f"extra-stream:{args.preprocess_model_stream}"] if args.preprocess_model_stream else []),
     ]
 
 
@@ -1364,7 +1383,7 @@ async def run_all(
 ) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    setup = bench_repository(out, args.deployment, args.variables, args.also_deployment)
+    setup = bench_repository(out, args.deployment, args.variables, args.also_deployment, args.preprocess_model_stream)
     if args.vllm_backend is not None:
         add_vllm_backend(setup, args.vllm_backend)
     elif "vllm-backend-stream" in args.paths:
@@ -1519,6 +1538,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="another deployment file rendered into the same server (its own model names); measure its models with"
         " --extra-model / --extra-stream-model",
+    )
+    parser.add_argument(
+        "--preprocess-model-stream",
+        metavar="NAME",
+        help="with core.preprocess_threads: also the streaming ensemble through the preprocess model to the same core,"
+        " as model NAME (path extra-stream:NAME)",
     )
     parser.add_argument("--extra-model", action="append", default=[])
     parser.add_argument("--extra-stream-model", action="append", default=[])

@@ -133,7 +133,8 @@ def load_stage_from_spec(spec: dict[str, Any], repository_root: Path) -> type:
 
 class LoadedStage:
     """A stage (core/stage.py) built from its stage.json entry, run on Triton tensors: the stage models, the entry
-    models and the core (core.postprocess_in_sender) all run their stages through this."""
+    models and the core (core.preprocess_threads, core.postprocess_in_sender) all run their stages through
+    this."""
 
     def __init__(self, spec: dict[str, Any], repository_root: Path) -> None:
         stage_class = load_stage_from_spec(spec, repository_root)
@@ -150,8 +151,12 @@ class LoadedStage:
                 inputs[name] = tensor.as_numpy()
         return inputs
 
-    def run(self, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
-        """The stage's outputs as Triton tensors, of the types its config declares."""
+    def run_numpy(self, inputs: dict[str, Any], parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The stage's outputs as arrays of the types its config declares."""
         outputs = self.stage.process(inputs, parameters)
         types = self.output_types
-        return [pb_utils.Tensor(name, np.asarray(value, dtype=types[name])) for name, value in outputs.items()]
+        return {name: np.asarray(value, dtype=types[name]) for name, value in outputs.items()}
+
+    def run(self, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
+        """The stage's outputs as Triton tensors."""
+        return [pb_utils.Tensor(name, value) for name, value in self.run_numpy(inputs, parameters).items()]

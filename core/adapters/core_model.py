@@ -10,9 +10,11 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from core.adapters.common import (
@@ -41,7 +43,7 @@ from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.interface import document_tensor as document_array
 from core.metrics import GaugeClock, StatsSink, profiled_engine_args, stat_logger_factory
-from core.protocol import EngineResponse, decode_request, encode_response
+from core.protocol import EngineRequest, EngineResponse, decode_request, encode_response
 from core.settings import STAGES_FILE, CoreSettings, load_settings
 from core.step_stats import EngineSteps
 
@@ -122,11 +124,22 @@ class CoreModel:
             # the switch interval while the engine loop computes. Set after the engine started: a forked
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
             sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
-        # core.postprocess_in_sender: the postprocess stage, run here for the requests of the streaming ensemble
+        # The stages run here for the requests of the streaming ensemble: core.preprocess_threads (on a pool of
+        # threads, before the engine) and core.postprocess_in_sender (in the sender threads, on each response)
+        self.preprocess: LoadedStage | None = None
         self.postprocess: LoadedStage | None = None
-        if settings.core.postprocess_in_sender:
-            spec = json.loads((model_dir / STAGES_FILE).read_text())
-            self.postprocess = LoadedStage(spec["postprocess"], Path(args["model_repository"]).parent)
+        self._preprocess_pool: ThreadPoolExecutor | None = None
+        if settings.core.preprocess_threads or settings.core.postprocess_in_sender:
+            specs = json.loads((model_dir / STAGES_FILE).read_text())
+            root = Path(args["model_repository"]).parent
+            if settings.core.preprocess_threads:
+                self.preprocess = LoadedStage(specs["preprocess"], root)
+                # Tokenizing releases the GIL (the fast tokenizer's Rust code): a burst is tokenized side by side.
+                self._preprocess_pool = ThreadPoolExecutor(
+                    settings.core.preprocess_threads, thread_name_prefix="vllm-core-preprocess"
+                )
+            if settings.core.postprocess_in_sender:
+                self.postprocess = LoadedStage(specs["postprocess"], root)
         self.stats = CoreStats.from_environment(self.logger, steps, lags, fe.describe() if fe else "")
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
             queue.SimpleQueue() for _ in range(settings.core.sender_threads)
@@ -210,7 +223,8 @@ class CoreModel:
     def execute(self, requests: list[Any]) -> None:
         # Each execute is a ~1 ms round trip between tritonserver and this stub whatever it does (measured on the
         # H100, docs/performance-gpu.md): the rendered config batches, so requests that arrive together come in one
-        # (not with core.postprocess_in_sender, whose outputs are unbatched).
+        # (not with core.postprocess_in_sender or core.preprocess_threads: its outputs or inputs are then the
+        # ensemble's, unbatched).
         if self.stats is not None:
             self.stats.executed(len(requests))
         for request in requests:
@@ -233,14 +247,45 @@ class CoreModel:
                 self.engine.cancel_key(key)
             outbox.put(Outgoing(sender, None, None, True))
             return
+        key = str(parameters.get(CANCEL_KEY_PARAMETER, ""))
+        tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
+        if tensor is None and self._preprocess_pool is not None:
+            # The streaming ensemble's public inputs, read here while Triton's request is at hand (copies: the
+            # pool's thread uses them after execute returned)
+            inputs = {name: np.array(value) for name, value in self.preprocess.inputs_of(request).items()}
+            self._preprocess_pool.submit(self._preprocess_and_submit, inputs, parameters, sender, outbox, key)
+            return
         try:
-            tensor = pb_utils.get_input_tensor_by_name(request, ENGINE_REQUEST.name)
             # Typed decoding: a wrong type or an unknown field fails here, naming it (core/protocol.py).
             engine_request = decode_request(tensor.as_numpy().reshape(-1)[0])
         except Exception as exc:  # noqa: BLE001 - a missing tensor, not JSON, or not an EngineRequest
             outbox.put(Outgoing(sender, None, InvalidInput(f"{ENGINE_REQUEST.name}: malformed ({exc})"), True))
             return
-        key = str(parameters.get(CANCEL_KEY_PARAMETER, ""))
+        self._submit(engine_request, sender, outbox, key)
+
+    def _preprocess_and_submit(
+        self,
+        inputs: dict[str, Any],
+        parameters: dict[str, Any],
+        sender: CoreSender,
+        outbox: queue.SimpleQueue[Outgoing | None],
+        key: str,
+    ) -> None:
+        """On a preprocess thread (core.preprocess_threads): the streaming ensemble's request through the preprocess
+        stage, then to the engine. A request the stage refuses (INVALID_ARG) or fails on ends with that error."""
+        try:
+            document = self.preprocess.run_numpy(inputs, parameters)[ENGINE_REQUEST.name]
+            engine_request = decode_request(document.reshape(-1)[0])
+        except Exception as exc:  # noqa: BLE001 - this request's error; the others go on
+            if not isinstance(exc, (InvalidInput, Unavailable)):
+                self.logger.log_error(f"vllm_core: preprocess failed: {traceback.format_exc()}")
+            outbox.put(Outgoing(sender, None, exc, True))
+            return
+        self._submit(engine_request, sender, outbox, key)
+
+    def _submit(
+        self, engine_request: EngineRequest, sender: CoreSender, outbox: queue.SimpleQueue[Outgoing | None], key: str
+    ) -> None:
         # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
         # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
         # models see the client's cancel and abort by key instead.
@@ -249,6 +294,8 @@ class CoreModel:
         )
 
     def finalize(self) -> None:
+        if self._preprocess_pool is not None:  # what it has taken in reaches the engine, which ends it below
+            self._preprocess_pool.shutdown(wait=True)
         self.engine.shutdown()
         if self._metrics is not None:
             self._metrics.stop()

@@ -38,9 +38,10 @@ postprocess:
   class: tests.support.custom_stages:ShoutingPostprocessor    # the deployment's own stage, by import path
   settings: {{prefix: "[grüße] "}}                       # non-ASCII: the stub reads stage.json as ASCII
 names: {{plain: custom_model, streaming: custom_model_stream}}
-# every engine of this server on CPU 1, the rest on 0; the streaming ensemble's postprocess (the stage above) runs
-# in the core's sender threads (two: one stage object used by both at once): preprocess -> core
-core: {{engine_cpus: [1], postprocess_in_sender: true, sender_threads: 2}}
+# every engine of this server on CPU 1, the rest on 0; the streaming ensemble is the core alone: it runs the raw
+# preprocess on two threads of its own and the postprocess (the stage above) in its sender threads (two: one stage
+# object used by both at once)
+core: {{engine_cpus: [1], preprocess_threads: 2, postprocess_in_sender: true, sender_threads: 2}}
 """
 
 
@@ -96,11 +97,13 @@ def _stream_custom(url: str, prompt: str, **flags: bool) -> list[tuple[dict, boo
     return grpc_stream(url, grpc_inputs(prompt, GREEDY, stream=True, **flags), "custom_model_stream")
 
 
-def test_postprocess_in_the_core_streams_the_deployments_own_stage(examples_server, base_text):
-    """core.postprocess_in_sender: the custom deployment's streaming ensemble is preprocess -> core, and the core's
-    sender runs the deployment's own postprocess class (imported by path in the core's process) on every delta."""
+def test_stages_in_the_core_stream_the_deployments_own_stage(examples_server, base_text):
+    """core.preprocess_threads and core.postprocess_in_sender: the custom deployment's streaming ensemble is the
+    core alone, which preprocesses on its own threads and runs the deployment's own postprocess class (imported by path
+    in the core's process) on every delta in its sender."""
     config = (examples_server.model_repository / "custom_model_stream" / "config.pbtxt").read_text()
-    assert config.count("step {") == 2 and "custom_model_postprocess" not in config
+    assert config.count("step {") == 1 and "custom_model_postprocess" not in config
+    assert "custom_model_preprocess" not in config
     flags = {"return_finish_reason": True, "return_num_output_tokens": True}
     received = _stream_custom(examples_server.grpc_url, PROMPT, **flags)
     texts = [outputs["text_output"][0].decode() for outputs, _ in received if "text_output" in outputs]
@@ -115,7 +118,7 @@ def test_postprocess_in_the_core_streams_the_deployments_own_stage(examples_serv
     assert _shouted_deltas([event["text_output"] for event in events]) == base_text.upper()
 
 
-def test_postprocess_in_the_core_keeps_each_streams_order_under_concurrency(examples_server, base_text):
+def test_stages_in_the_core_keep_each_streams_order_under_concurrency(examples_server, base_text):
     """Eight streams at once through the core's two sender threads (a request stays on one thread; the stage object
     is shared by both): each arrives whole and in order, the same as the plain path's answer."""
     prompts = [f"{PROMPT} {i}" for i in range(8)]
@@ -131,10 +134,10 @@ def test_postprocess_in_the_core_keeps_each_streams_order_under_concurrency(exam
         assert plain == SHOUT + (prompt + _shouted_deltas(texts)).upper(), prompt
 
 
-def test_postprocess_in_the_core_bad_input_is_a_clear_error_and_the_stream_goes_on(examples_server, base_text):
-    """A request refused before the core (preprocess) and one refused by vLLM in the core: each stream ends with its
-    error (in-band on a gRPC stream: tritonclient gives no status code, so the code is asserted over HTTP), and the
-    next stream is served."""
+def test_stages_in_the_core_bad_input_is_a_clear_error_and_the_stream_goes_on(examples_server, base_text):
+    """A request refused by the preprocess stage in the core's execute and one refused by vLLM in the core: each
+    stream ends with its error (in-band on a gRPC stream: tritonclient gives no status code, so the code is
+    asserted over HTTP), and the next stream is served."""
     from tritonclient.utils import InferenceServerException
 
     url = examples_server.grpc_url

@@ -51,8 +51,8 @@ def deployments(draw: st.DrawFn, runnable: bool = False) -> dict[str, Any]:
         "postprocess": {"class": draw(POSTPROCESS)},
         "generate": {"instances": draw(st.integers(1, 2)), "max_in_flight": draw(st.integers(1, 600))},
         "metrics": draw(st.booleans()),
-        # the streaming ensemble's postprocess in the core's sender: preprocess -> core, the core unbatched
-        "core": {"postprocess_in_sender": draw(st.booleans())},
+        # the streaming ensemble's stages in the core (its threads, its sender): fewer steps, the core unbatched
+        "core": {"postprocess_in_sender": draw(st.booleans()), "preprocess_threads": draw(st.integers(0, 2))},
         "health": {
             "restart_engine": draw(st.booleans()),
             "max_restarts": draw(st.integers(1, 10)),

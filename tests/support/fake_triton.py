@@ -4,6 +4,7 @@ for the core's vLLM engine. Unit tests of the adapters' own logic; the real thin
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ class FakeEngine:
     def __init__(self, engine_args: dict[str, Any], **kwargs: Any) -> None:
         self.created.append({"engine_args": engine_args, **kwargs})
         self.cancelled: list[str] = []
+        self.submitted: list[Any] = []  # the EngineRequests, in order
 
     def start(self) -> None:
         pass
@@ -32,6 +34,10 @@ class FakeEngine:
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
+
+    def submit(self, request: Any, emit: Any, cancelled: Any, key: str = "") -> str:
+        self.submitted.append(request)
+        return f"triton-{len(self.submitted)}"
 
 
 class Tensor:
@@ -71,11 +77,36 @@ class RecordingSender:
         return False
 
 
+class Request:
+    """A Triton request as an adapter reads it: its input arrays, parameters and the outputs its caller wants."""
+
+    def __init__(
+        self, inputs: dict[str, np.ndarray], parameters: dict[str, Any] | None = None, requested: tuple[str, ...] = ()
+    ) -> None:
+        self.inputs, self._parameters, self._requested = inputs, parameters or {}, list(requested)
+        self.sender = RecordingSender()
+
+    def get_response_sender(self) -> RecordingSender:
+        return self.sender
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+
+def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:
+    array = request.inputs.get(name)
+    return None if array is None else Tensor(name, array)
+
+
 def fake_stub_module() -> types.ModuleType:
     stub = types.ModuleType("triton_python_backend_utils")
     stub.Logger = types.SimpleNamespace(log_info=print, log_warn=print, log_error=print)
     stub.Tensor, stub.InferenceResponse, stub.TritonError = Tensor, InferenceResponse, TritonError
     stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL_FLAG
+    stub.get_input_tensor_by_name = get_input_tensor_by_name
     return stub
 
 

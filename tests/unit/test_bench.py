@@ -405,6 +405,32 @@ def test_also_deployment_is_rendered_into_the_same_repository_and_a_name_clash_i
         bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, [clash])
 
 
+def test_preprocess_model_stream_adds_the_streaming_ensemble_through_the_preprocess_model_to_the_same_core(
+    tmp_path: Path,
+):
+    """--preprocess-model-stream NAME: with core.preprocess_threads the streaming ensemble is the core alone; NAME is
+    the same ensemble as it would be without them (preprocess model -> the same core), so both share one engine."""
+    from repo_render import DEFAULT_CONFIG
+    from tools.bench import bench_repository
+
+    doc = DEFAULT_CONFIG.read_text().replace("model: ../models/", f"model: {DEFAULT_CONFIG.parent.parent}/models/")
+    in_core = tmp_path / "in-core.yaml"
+    in_core.write_text(doc + "core: {postprocess_in_sender: true, preprocess_threads: 2}\n")
+    setup = bench_repository(tmp_path / "out", in_core, {}, preprocess_model_stream="via_preprocess")
+    steps = [
+        line.split('"')[1]
+        for line in (setup.repo / "via_preprocess" / "config.pbtxt").read_text().splitlines()
+        if "model_name:" in line
+    ]
+    assert steps == ["preprocess", "vllm_core"]
+    assert (setup.repo / "via_preprocess" / "1").is_dir() and not (
+        setup.repo / "via_preprocess" / "1" / "model.py"
+    ).exists()
+    assert 'model_name: "preprocess"' not in (setup.repo / "vllm_model_stream" / "config.pbtxt").read_text()
+    with pytest.raises(SystemExit, match="needs a deployment with core.preprocess_threads"):
+        bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, preprocess_model_stream="via_preprocess")
+
+
 def _request_starts(stagger: float, phase: float = 0.0) -> list[float]:
     """When each request of 4 streams x 2 requests started, relative to the level's start (a send takes 0.5 s)."""
     starts: list[float] = []
@@ -576,6 +602,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         deployment=None,
         variables={},
         also_deployment=[],
+        preprocess_model_stream=None,
         vllm_backend=None,
         paths=["bare"],
         background_load=3,

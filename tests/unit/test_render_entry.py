@@ -58,3 +58,40 @@ def test_postprocess_in_sender_makes_the_streaming_ensemble_preprocess_then_core
 def test_postprocess_in_sender_with_a_bls_entry_is_refused(tmp_path: Path):
     with pytest.raises(ConfigError, match="core.postprocess_in_sender works with entry: ensemble only"):
         load_deployment(_config(tmp_path, entry="bls", core={"postprocess_in_sender": True}))
+
+
+def test_preprocess_threads_make_the_streaming_ensemble_the_core_alone(tmp_path: Path):
+    """core.preprocess_threads (with postprocess_in_sender): the streaming ensemble is one step, the core, which
+    takes the public inputs (every one optional: generate still sends ENGINE_REQUEST) and runs both stages."""
+    plain = render(load_deployment(_config(tmp_path)), tmp_path / "plain")
+    both = {"preprocess_threads": 3, "postprocess_in_sender": True}
+    files = render(load_deployment(_config(tmp_path, core=both)), tmp_path / "fused")
+    stream = files["vllm_model_stream/config.pbtxt"]
+    assert stream.count("step {") == 1 and 'model_name: "vllm_core"' in stream
+    assert 'key: "text_input"' in stream and 'key: "text_output"' in stream
+    core = files["vllm_core/config.pbtxt"]
+    assert "max_batch_size" not in core and "dynamic_batching" not in core
+    inputs = core.split("output {")[0]
+    for name in ("engine_request", "text_input", "messages", "sampling_parameters", "stream"):
+        assert f'name: "{name}"' in inputs
+    assert inputs.count("input {") == inputs.count("optional: true")
+    stages = json.loads(files["vllm_core/1/stages.json"])
+    assert stages == {
+        "preprocess": json.loads(files["preprocess/1/stage.json"]),
+        "postprocess": json.loads(files["postprocess/1/stage.json"]),
+    }
+    assert files["vllm_model/config.pbtxt"] == plain["vllm_model/config.pbtxt"]  # pre -> generate -> post
+
+
+def test_preprocess_threads_alone_make_the_streaming_ensemble_core_then_postprocess(tmp_path: Path):
+    files = render(load_deployment(_config(tmp_path, core={"preprocess_threads": 1})), tmp_path / "out")
+    stream = files["vllm_model_stream/config.pbtxt"]
+    assert stream.count("step {") == 2 and 'model_name: "preprocess"' not in stream
+    assert stream.index('model_name: "vllm_core"') < stream.index('model_name: "postprocess"')
+    assert list(json.loads(files["vllm_core/1/stages.json"])) == ["preprocess"]
+    assert 'name: "text_output"' not in files["vllm_core/config.pbtxt"]  # the core gives ENGINE_RESPONSE only
+
+
+def test_preprocess_threads_with_a_bls_entry_are_refused(tmp_path: Path):
+    with pytest.raises(ConfigError, match="core.preprocess_threads works with entry: ensemble only"):
+        load_deployment(_config(tmp_path, entry="bls", core={"preprocess_threads": 2}))
