@@ -147,9 +147,9 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     # core.preprocess_threads: the core also takes the preprocess stage's inputs (the ensemble's public ones), so
     # every input is optional: a BLS caller sends ENGINE_REQUEST, the streaming ensemble the public inputs.
     in_sender = deployment.core.postprocess_in_sender
-    in_core_pre = deployment.core.preprocess_threads > 0
+    core_preprocesses = deployment.core.preprocess_threads > 0
     core_inputs = core_io[0]
-    if in_core_pre:
+    if core_preprocesses:
         core_inputs = tuple(replace(t, optional=True) for t in core_io[0] + pre_cls.inputs)
     files[f"{names.core}/config.pbtxt"] = _python_model(
         names.core,
@@ -162,10 +162,10 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         decoupled=True,
         # Requests that arrive together enter the core in one execute (~1 ms round trip each on an H100 host;
         # a burst of 256 streams waited up to ~250 ms for it): docs/performance-gpu.md.
-        max_batch_size=0 if in_sender or in_core_pre else INTAKE_MAX_BATCH_SIZE,
+        max_batch_size=0 if in_sender or core_preprocesses else INTAKE_MAX_BATCH_SIZE,
     )
     # The stages the core runs itself: the same classes and settings as the stage models' stage.json
-    in_core = [stage for stage, on in (("preprocess", in_core_pre), ("postprocess", in_sender)) if on]
+    in_core = [stage for stage, on in (("preprocess", core_preprocesses), ("postprocess", in_sender)) if on]
     if in_core:
         stages = {stage: json.loads(files[f"{getattr(names, stage)}/1/{STAGE_FILE}"]) for stage in in_core}
         files[f"{names.core}/1/{STAGES_FILE}"] = _json(stages)
@@ -213,7 +213,7 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     public_out = {t.name: t.name for t in post_cls.outputs}
     for ensemble, middle in ((names.plain, names.generate), (names.streaming, names.core)):
         # The streaming ensemble leaves out the stages that the core runs itself.
-        pre_in_core = in_core_pre and middle == names.core
+        pre_in_core = core_preprocesses and middle == names.core
         post_in_core = in_sender and middle == names.core
         steps = [] if pre_in_core else [_step(names.preprocess, public_in, {tensors.ENGINE_REQUEST.name: request})]
         steps.append(

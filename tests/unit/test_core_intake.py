@@ -6,7 +6,6 @@ ends with its error without reaching the engine."""
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,22 +14,13 @@ import numpy as np
 import pytest
 
 from core.protocol import decode_request
-from repo_render import load_deployment, render, write
 from tests.support.fake_triton import FINAL_FLAG, Request
 
 
 @pytest.fixture
-def core(tmp_path: Path, tiny_model: Path, triton_models, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sys, "setswitchinterval", lambda seconds: None)
-    config = tmp_path / "deployment.yaml"
-    config.write_text(f"model: {tiny_model}\ncore: {{preprocess_threads: 2, postprocess_in_sender: true}}\n")
-    out = tmp_path / "repo"
-    files = render(load_deployment(config), out)
-    write(files, out)
-    model = triton_models.CoreModel()
-    model.initialize({"model_repository": str(out / "vllm_core"), "model_version": "1", "model_name": "vllm_core"})
-    yield model, json.loads(files["preprocess/1/stage.json"])
-    model.finalize()
+def core(rendered_core):
+    model, files = rendered_core("{preprocess_threads: 2, postprocess_in_sender: true}")
+    return model, json.loads(files["preprocess/1/stage.json"])
 
 
 def _public(text: str, sampling: dict) -> dict[str, np.ndarray]:

@@ -3,14 +3,10 @@ a BLS caller, what it sends the streaming ensemble, and how a failing postproces
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from core.coalesce import Outgoing
 from core.protocol import EngineResponse, SequenceDelta, decode_response
-from repo_render import load_deployment, render, write
 from tests.support.fake_triton import FINAL_FLAG, RecordingSender
 
 
@@ -20,16 +16,9 @@ def _response(text: str, finished: bool = False) -> EngineResponse:
 
 
 @pytest.fixture
-def core(tmp_path: Path, tiny_model: Path, triton_models, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sys, "setswitchinterval", lambda seconds: None)
-    config = tmp_path / "deployment.yaml"
-    config.write_text(f"model: {tiny_model}\ncore: {{postprocess_in_sender: true}}\n")
-    out = tmp_path / "repo"
-    write(render(load_deployment(config), out), out)
-    model = triton_models.CoreModel()
-    model.initialize({"model_repository": str(out / "vllm_core"), "model_version": "1", "model_name": "vllm_core"})
-    yield model
-    model.finalize()
+def core(rendered_core):
+    model, files = rendered_core("{postprocess_in_sender: true}")
+    return model
 
 
 def test_a_bls_caller_gets_the_engine_response_and_the_ensemble_the_stage_outputs(core):
