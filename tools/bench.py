@@ -857,6 +857,8 @@ def bench_repository(
     if preprocess_model_stream is not None:
         if not deployment.core.preprocess_threads:
             raise SystemExit("bench: --preprocess-model-stream needs a deployment with core.preprocess_threads")
+        if any(name.startswith(preprocess_model_stream + "/") for name in files):
+            raise SystemExit(f"bench: --preprocess-model-stream {preprocess_model_stream}: a model of that name exists")
         # Only the ensemble is taken: its steps are the deployment's own preprocess model and core, which takes
         # ENGINE_REQUEST from any caller (a BLS caller's way in), so both ensembles share one core and engine.
         core = deployment.core.model_copy(update={"preprocess_threads": 0})

@@ -135,7 +135,7 @@ def test_stages_in_the_core_keep_each_streams_order_under_concurrency(examples_s
 
 
 def test_stages_in_the_core_bad_input_is_a_clear_error_and_the_stream_goes_on(examples_server, base_text):
-    """A request refused by the preprocess stage in the core's execute and one refused by vLLM in the core: each
+    """A request refused by the preprocess stage on the core's threads and one refused by vLLM in the core: each
     stream ends with its error (in-band on a gRPC stream: tritonclient gives no status code, so the code is
     asserted over HTTP), and the next stream is served."""
     from tritonclient.utils import InferenceServerException

@@ -137,7 +137,7 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     for thread in threads:
         thread.start()
     # Killed once Triton counted every request in the core, or ADMIT_SECONDS after they were sent, long before the
-    # ~6 s they take together on the CI machine (a count that comes only when they end would wait that long).
+    # 6-9 s they take together on the CI machine (a count that comes only when they end would wait that long).
     deadline = started_at + ADMIT_SECONDS
     while _core_admitted(client) < admitted + IN_FLIGHT and time.monotonic() < deadline:
         time.sleep(0.05)

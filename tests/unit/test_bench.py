@@ -427,6 +427,8 @@ def test_preprocess_model_stream_adds_the_streaming_ensemble_through_the_preproc
         setup.repo / "via_preprocess" / "1" / "model.py"
     ).exists()
     assert 'model_name: "preprocess"' not in (setup.repo / "vllm_model_stream" / "config.pbtxt").read_text()
+    with pytest.raises(SystemExit, match="a model of that name exists"):  # it would replace that model's files
+        bench_repository(tmp_path / "out3", in_core, {}, preprocess_model_stream="preprocess")
     with pytest.raises(SystemExit, match="needs a deployment with core.preprocess_threads"):
         bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, preprocess_model_stream="via_preprocess")
 
