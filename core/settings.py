@@ -52,8 +52,9 @@ class CoreProcessSettings(Settings):
     # Python's GIL switch interval in the core's stub, in ms (0: Python's default, 5 ms). A thread back from an
     # IPC wait waits up to this long for the GIL while the engine loop computes.
     switch_interval_ms: float = Field(0.0, ge=0, le=100)
-    # CPUs for vLLM's engine processes (the EngineCore, tensor-parallel workers); the server's other processes
-    # are kept off them (core/cpu_placement.py). Empty: no placement. Linux only.
+    # CPUs for the main threads of vLLM's engine processes (the EngineCore's busy loop, tensor-parallel workers);
+    # their other threads and the server's other processes are kept off them (core/cpu_placement.py). Empty: no
+    # placement. Linux only.
     engine_cpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     # The core's Triton instances, each a front end (vLLM's AsyncLLM client, in its own stub process) of one shared
     # EngineCore, as `vllm serve --api-server-count` (core/front_ends.py): intake, output handling and sending

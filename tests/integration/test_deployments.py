@@ -227,20 +227,24 @@ def test_a_prompt_over_the_context_through_the_raw_preprocess_is_vllms_invalid_a
     assert "engine failed" not in reply.text and "512" in reply.text
 
 
-def test_engine_cpus_put_the_engines_on_their_cpu_and_the_rest_of_the_server_off_it(examples_server):
-    """core.engine_cpus (core/cpu_placement.py) of the custom deployment: its engine processes (EngineCore, the
-    workers vLLM starts), all threads, on CPU 1; tritonserver, every stub and the other deployments' engines off it."""
+def test_engine_cpus_put_the_engines_loops_on_their_cpu_and_the_rest_of_the_server_off_it(examples_server):
+    """core.engine_cpus (core/cpu_placement.py) of the custom deployment: the main thread of its engine processes
+    (the EngineCore's loop, the workers vLLM starts) on CPU 1, their other threads (socket I/O, torch's helpers)
+    off it; tritonserver, every stub and the other deployments' engines off it."""
     tree = process_tree(examples_server.process.pid)
+    rest = frozenset(os.sched_getaffinity(0) - {1})
 
     def masks(pid: int) -> set[frozenset[int]]:
         return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
 
-    on_cpu1 = [pid for pid in tree if masks(pid) == {frozenset({1})}]
+    on_cpu1 = [pid for pid in tree if os.sched_getaffinity(pid) == {1}]  # the main thread's mask
     assert on_cpu1 and all(is_engine_process(pid) for pid in on_cpu1)
-    titles = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in on_cpu1]
-    assert sum(title.startswith(b"VLLM::EngineCore") for title in titles) == 1  # the custom deployment's only
+    titles = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in on_cpu1}
+    custom_core = [pid for pid, title in titles.items() if title.startswith(b"VLLM::EngineCore")]
+    assert len(custom_core) == 1  # the custom deployment's only
+    # Its socket threads went off CPU 1; a thread its loop started later inherits the loop's CPU.
+    assert rest in masks(custom_core[0]) and masks(custom_core[0]) <= {frozenset({1}), rest}
     engine_cores = [pid for pid in tree if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::EngineCore")]
     assert len(engine_cores) == 3  # one per deployment of this server
-    rest = frozenset(os.sched_getaffinity(0) - {1})
     for pid in set(tree) - set(on_cpu1):
         assert masks(pid) == {rest}, pid

@@ -1,4 +1,5 @@
-"""core/cpu_placement.py on real processes: the engine-titled one on the engine's CPU, the others off it."""
+"""core/cpu_placement.py on real processes: the engine-titled one's main thread on the engine's CPU, every other
+thread off it."""
 
 from __future__ import annotations
 
@@ -19,29 +20,34 @@ def _thread_masks(pid: int) -> set[frozenset[int]]:
 
 
 @needs_two_cpus
-def test_engine_titled_processes_go_to_the_engine_cpus_and_the_rest_of_the_tree_off_them():
+def test_an_engine_titled_process_s_main_thread_goes_to_the_engine_cpus_and_every_other_thread_off_them():
     cpus = sorted(os.sched_getaffinity(0))
     engine_cpu = cpus[-1]
-    # A parent with a thread of its own and two children, one titled as vLLM titles its EngineCore.
+    # A parent with a thread of its own and two children, one titled as vLLM titles its EngineCore: a Python
+    # process with a helper thread, as the EngineCore's busy loop has its socket threads beside it.
+    engine = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
     script = (
         "import subprocess, threading, time\n"
         "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
         "plain = subprocess.Popen(['sleep', '60'])\n"
-        "engine = subprocess.Popen(['bash', '-c', 'exec -a VLLM::EngineCore sleep 60'])\n"
+        f"engine = subprocess.Popen(['bash', '-c', 'exec -a VLLM::EngineCore {sys.executable} -c \"{engine}\"'])\n"
         "print(plain.pid, engine.pid, flush=True); time.sleep(60)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         plain_child, engine_child = (int(word) for word in parent.stdout.readline().split())
         deadline = time.monotonic() + 10
-        while not is_engine_process(engine_child) and time.monotonic() < deadline:  # until bash has exec'd
+        while time.monotonic() < deadline and not (  # until bash has exec'd and the helper thread runs
+            is_engine_process(engine_child) and len(os.listdir(f"/proc/{engine_child}/task")) == 2
+        ):
             time.sleep(0.01)
         assert set(process_tree(parent.pid)) == {parent.pid, plain_child, engine_child}
         placement = EnginePlacement([engine_cpu])
         engines, others = placement.apply(parent.pid)
         assert engines == [engine_child] and sorted(others) == sorted([parent.pid, plain_child])
-        assert _thread_masks(engine_child) == {frozenset({engine_cpu})}
         rest = frozenset(cpus) - {engine_cpu}
+        main_thread = os.sched_getaffinity(engine_child)
+        assert main_thread == {engine_cpu} and _thread_masks(engine_child) == {frozenset({engine_cpu}), rest}
         assert _thread_masks(parent.pid) == {rest} and len(os.listdir(f"/proc/{parent.pid}/task")) >= 2
         assert _thread_masks(plain_child) == {rest}
     finally:
