@@ -7,11 +7,11 @@ bare engine and our server faster. vLLM has no such setting on CUDA, so the core
 a root (the server) whose title is vLLM's (`VLLM::EngineCore`, tensor-parallel workers) and that belongs to this
 engine, the main thread (the busy loop) is pinned to the engine's CPUs and the process's other threads (its
 socket I/O threads, torch's helpers) to the remaining ones, as is every other process under the root with all
-its threads. The helper threads use little CPU, but on the loop's CPU each of their wake-ups (one per step and
-front end to send outputs) waits for or preempts the loop: off it, streamed tok/s rose 1.08x (median of 9 paired
-runs, all 9 higher) on an H100. Threads and processes started later inherit their creator's mask, so one pass
-after each engine start holds. Linux only (/proc, sched_setaffinity). Triton-free: tools/bench.py places the bare
-engine and `vllm serve` the same way.
+its threads. The helper threads use little CPU (3-7 % of the process's), but on the loop's CPU each of their
+wake-ups must wait for the loop or preempt it (our reading, not traced); off it, streamed tok/s rose 1.08x on an
+H100 (median of 9 paired runs, all 9 higher). Threads and processes started later inherit their creator's mask,
+so one pass after each engine start holds. Linux only (/proc, sched_setaffinity). Triton-free: tools/bench.py
+places the bare engine and `vllm serve` the same way.
 """
 
 from __future__ import annotations

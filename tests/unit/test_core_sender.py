@@ -17,7 +17,7 @@ def _response(text: str, finished: bool = False) -> EngineResponse:
 
 @pytest.fixture
 def core(rendered_core):
-    model, files = rendered_core("{postprocess_in_sender: true}")
+    model, _ = rendered_core("{postprocess_in_sender: true}")
     return model
 
 
