@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -296,11 +297,29 @@ def write(files: dict[str, str], out: Path) -> None:
     stale = set(existing_files(out)) - set(files)
     for rel in sorted(stale):
         (out / rel).unlink()
+    _remove_emptied_folders(out, stale)
     for rel, text in files.items():
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
+
+
+def _remove_emptied_folders(out: Path, stale: set[str]) -> None:
+    """The folders that removing stale files left empty (a model no longer rendered), deepest first: tritonserver
+    refuses to start on a model folder without a config ("Could not determine backend"). Python's __pycache__ left
+    by a server that ran the old model does not keep a folder."""
+    folders = {
+        parent for rel in stale for parent in (out / rel).parents if parent.is_relative_to(out) and parent != out
+    }
+    for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):
+        if not folder.is_dir():
+            continue
+        children = list(folder.iterdir())
+        if all(child.name == "__pycache__" and child.is_dir() for child in children):
+            for child in children:
+                shutil.rmtree(child)
+            folder.rmdir()
 
 
 def drift(files: dict[str, str], out: Path) -> list[str]:

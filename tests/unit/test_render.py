@@ -34,6 +34,25 @@ def test_rendering_is_deterministic(tmp_path: Path):
     assert len(read(first)) == 17
 
 
+def test_a_model_no_longer_rendered_leaves_no_folder(tmp_path: Path):
+    """Re-rendering after a model's name changed removes the old model's folder, __pycache__ and all: tritonserver
+    refuses to start on a model folder without a config ("Could not determine backend")."""
+    out = tmp_path / "repo"
+    assert main([str(DEFAULT_CONFIG), "--out", str(out)]) == 0
+    (out / "generate" / "1" / "__pycache__").mkdir()  # what a server that ran the old model leaves behind
+    (out / "generate" / "1" / "__pycache__" / "model.cpython-312.pyc").write_bytes(b"")
+    (out / "keep_me").mkdir()  # a folder with no rendered file in it is not the renderer's to remove
+    renamed = tmp_path / "renamed.yaml"
+    doc = DEFAULT_CONFIG.read_text().replace("model: ../models/", f"model: {DEFAULT_CONFIG.parent.parent}/models/")
+    renamed.write_text(
+        doc.replace("  streaming: vllm_model_stream", "  streaming: vllm_model_stream\n  generate: generate_renamed")
+    )
+    assert main([str(renamed), "--out", str(out)]) == 0
+    assert not (out / "generate").exists()
+    assert (out / "generate_renamed" / "config.pbtxt").is_file() and (out / "keep_me").is_dir()
+    assert main([str(renamed), "--out", str(out), "--check"]) == 0
+
+
 def test_check_reports_drift(tmp_path: Path):
     out = tmp_path / "repo"
     assert main([str(DEFAULT_CONFIG), "--out", str(out)]) == 0
