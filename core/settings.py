@@ -112,9 +112,13 @@ class GenerateSettings(Settings):
 
 
 class EntrySettings(GenerateSettings):
-    """A public entry model's settings.json (entry: bls)."""
+    """A public entry model's settings.json (entry: bls, and the plain one of entry: plain-bls)."""
 
     stream: bool  # the decoupled streaming entry (one response per delta) or the plain one
+    # Poll each request's is_cancelled() and abort its engine request by key (entry: bls). Off for entry: plain-bls:
+    # the probes are IPC round trips (they cost plain throughput at 256 streams on an H100), and a key lives in
+    # one of the core's front ends.
+    watch_cancels: bool
 
 
 S = TypeVar("S", bound=Settings)

@@ -60,8 +60,10 @@ def check_deployment(deployment: Deployment) -> None:
     _check_engine_args(deployment)
     if deployment.core.front_ends > 1 and deployment.entry == "bls":
         # An entry model cancels by key; the key lives in the front end that took the request, and the control
-        # request could reach another one.
-        raise ConfigError("core.front_ends > 1 works with entry: ensemble only; with entry: bls set it to 1")
+        # request could reach another one. (entry: plain-bls watches no cancels.)
+        raise ConfigError(
+            "core.front_ends > 1 works with entry: ensemble or plain-bls only; with entry: bls set it to 1"
+        )
     for key, stage in (("postprocess_in_sender", "postprocess"), ("preprocess_threads", "preprocess")):
         if getattr(deployment.core, key) and deployment.entry == "bls":
             # The entry models run the stages themselves; the core's would never be asked for.

@@ -189,13 +189,18 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     files[f"{names.generate}/1/{SETTINGS_FILE}"] = _settings(generate)
     files[f"{names.generate}/1/model.py"] = _model_py("GenerateModel", "generate (BLS over the core, one response)")
 
-    if deployment.entry == "bls":
+    if deployment.entry != "ensemble":
         # The same classes and settings as the stage models' stage.json (one derivation, above).
         stages = {
             "preprocess": json.loads(files[f"{names.preprocess}/1/{STAGE_FILE}"]),
             "postprocess": json.loads(files[f"{names.postprocess}/1/{STAGE_FILE}"]),
         }
-        for entry, stream in ((names.plain, False), (names.streaming, True)):
+        entries = (
+            ((names.plain, False),)
+            if deployment.entry == "plain-bls"
+            else ((names.plain, False), (names.streaming, True))
+        )
+        for entry, stream in entries:
             files[f"{entry}/config.pbtxt"] = _python_model(
                 entry,
                 pre_cls.inputs,
@@ -204,15 +209,27 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
                 "KIND_CPU",
                 decoupled=stream,
             )
-            files[f"{entry}/1/{SETTINGS_FILE}"] = _settings(EntrySettings(**dict(generate), stream=stream))
+            watch = deployment.entry == "bls"
+            files[f"{entry}/1/{SETTINGS_FILE}"] = _settings(
+                EntrySettings(**dict(generate), stream=stream, watch_cancels=watch)
+            )
             files[f"{entry}/1/model.py"] = _model_py("EntryModel", "a public entry (stages in-process, core by BLS)")
             files[f"{entry}/1/{STAGES_FILE}"] = _json(stages)
-        return dict(sorted(files.items()))
+        if deployment.entry == "bls":
+            return dict(sorted(files.items()))
 
     request, response = "_" + tensors.ENGINE_REQUEST.name, "_" + tensors.ENGINE_RESPONSE.name
     public_in = {t.name: t.name for t in pre_cls.inputs}
     public_out = {t.name: t.name for t in post_cls.outputs}
-    for ensemble, middle in ((names.plain, names.generate), (names.streaming, names.core)):
+    ensembles = ((names.plain, names.generate), (names.streaming, names.core))
+    if deployment.entry == "plain-bls":  # the plain entry is rendered above; generate has no caller
+        ensembles = ensembles[1:]
+        files = {rel: text for rel, text in files.items() if not rel.startswith(names.generate + "/")}
+        # a stage model that the streaming ensemble leaves to the core has no caller either
+        for stage, in_core_too in ((names.preprocess, core_preprocesses), (names.postprocess, in_sender)):
+            if in_core_too:
+                files = {rel: text for rel, text in files.items() if not rel.startswith(stage + "/")}
+    for ensemble, middle in ensembles:
         # The streaming ensemble leaves out the stages that the core runs itself.
         pre_in_core = core_preprocesses and middle == names.core
         post_in_core = in_sender and middle == names.core

@@ -29,7 +29,7 @@ DEFAULT_CONFIG = ROOT / "deployments" / "default.yaml"
 DEFAULT_OUT = ROOT / "model_repository"
 
 
-EntryKind = Literal["ensemble", "bls"]
+EntryKind = Literal["ensemble", "bls", "plain-bls"]
 ENTRY_KINDS: tuple[str, ...] = typing.get_args(EntryKind)
 
 
@@ -122,7 +122,9 @@ class Deployment(CoreSettings, Section):
     images: ImagesConfig | None = None
     # "ensemble": the public names are ensembles (pre -> core/generate -> post). "bls": they are Python entry
     # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
-    # the engine request on Triton 2.51 (an ensemble step never sees it).
+    # the engine request on Triton 2.51 (an ensemble step never sees it). "plain-bls": the plain name is such an
+    # entry model without the cancel watch (two Python-backend hops fewer per plain request), the streaming one
+    # the ensemble.
     entry: EntryKind = "ensemble"
     # Folders with the deployment's own stage code (`preprocess/postprocess.class: module:Class`), relative to the
     # config file or absolute: the stubs put them on sys.path before loading the class (Triton's Python stubs

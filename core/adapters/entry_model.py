@@ -18,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 from core.adapters.common import (
     ABORT_PARAMETER,
     CANCEL_KEY_PARAMETER,
+    CODE_TAG_PARAMETER,
     CoreResponses,
     LoadedStage,
     child_error,
@@ -41,7 +42,8 @@ class EntryModel(GenerateModel):
     it (`is_cancelled()` stays false, `send` keeps succeeding), and a BLS iterator has no `cancel()`. This
     model is the top level, so a watcher thread polls each request's `is_cancelled()` and aborts its core
     request with a control request carrying the request's cancel key. settings.json's `stream` makes it the
-    decoupled streaming entry (one response per delta) or the plain one (one merged response).
+    decoupled streaming entry (one response per delta) or the plain one (one merged response); `watch_cancels`
+    false (entry: plain-bls) leaves the watcher out: the plain path's stages in-process, without the probes.
     """
 
     CANCEL_POLL_SECONDS = 0.25
@@ -56,9 +58,11 @@ class EntryModel(GenerateModel):
         self._live: dict[str, Any] = {}  # cancel key -> response sender, for the watcher
         self._live_lock = threading.Lock()
         self._closing = threading.Event()
-        self._probes = ThreadPoolExecutor(max_workers=32, thread_name_prefix="entry-cancel-probe")
-        self._watcher = threading.Thread(target=self._watch, name="entry-cancel-watch", daemon=True)
-        self._watcher.start()
+        self.watching = self.settings.watch_cancels
+        if self.watching:
+            self._probes = ThreadPoolExecutor(max_workers=32, thread_name_prefix="entry-cancel-probe")
+            self._watcher = threading.Thread(target=self._watch, name="entry-cancel-watch", daemon=True)
+            self._watcher.start()
         freeze_startup_heap()  # again: the stages loaded after generate's part (core/gc_heap.py)
 
     def _run_stage(self, role: str, inputs: dict[str, Any], parameters: dict[str, Any]) -> list[Any]:
@@ -78,9 +82,12 @@ class EntryModel(GenerateModel):
         inputs = self.stages["preprocess"].inputs_of(request)
         (engine_request,) = self._run_stage("preprocess", inputs, request_parameters(request))
         key = f"{uuid.uuid4().hex}"
-        child = self._core_request(engine_request, {CANCEL_KEY_PARAMETER: key})
-        with self._live_lock:  # before exec: a cancel that comes while exec waits must be seen too
-            self._live[key] = sender
+        child = self._core_request(
+            engine_request, {CANCEL_KEY_PARAMETER: key} if self.watching else {CODE_TAG_PARAMETER: True}
+        )
+        if self.watching:
+            with self._live_lock:  # before exec: a cancel that comes while exec waits must be seen too
+                self._live[key] = sender
         try:
             iterator = child.exec(decoupled=True)
             responses = CoreResponses(iterator)

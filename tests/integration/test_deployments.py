@@ -42,6 +42,8 @@ names: {{plain: custom_model, streaming: custom_model_stream}}
 # preprocess on two threads of its own and the postprocess (the stage above) in its sender threads (two: one stage
 # object used by both at once)
 core: {{engine_cpus: [1], preprocess_threads: 2, postprocess_in_sender: true, sender_threads: 2}}
+# the plain public model is an entry model: the raw preprocess and the stage above in-process, the core by BLS
+entry: plain-bls
 """
 
 
@@ -82,6 +84,30 @@ def test_custom_stage_by_import_path_serves_requests(examples_server, base_text)
         client.close()
     # The raw preprocess sends the prompt as text (vLLM tokenizes it): same tokens, same greedy continuation.
     assert outputs["text_output"][0].decode() == "[grüße] " + base_text.upper()
+
+
+def test_the_plain_entry_serves_plain_infer_with_the_deployments_own_stage(examples_server, base_text):
+    """entry: plain-bls: the plain model is one Python model running both stages (no generate, no stage models: the
+    streaming ensemble is the core alone here); HTTP /infer through it gives the same text as gRPC and /generate."""
+    repository = examples_server.model_repository
+    config = (repository / "custom_model" / "config.pbtxt").read_text()
+    assert 'backend: "python"' in config and "ensemble_scheduling" not in config
+    assert not any((repository / f"custom_model_{m}").exists() for m in ("generate", "preprocess", "postprocess"))
+    payload = {
+        "inputs": [
+            {"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [PROMPT]},
+            {"name": "sampling_parameters", "shape": [1], "datatype": "BYTES", "data": [json.dumps(GREEDY)]},
+            {"name": "exclude_input_in_output", "shape": [1], "datatype": "BOOL", "data": [True]},
+        ]
+    }
+    url = f"http://{examples_server.http_url}/v2/models/custom_model/infer"
+    reply = requests.post(url, json=payload, timeout=60)
+    assert reply.status_code == 200, reply.text
+    (text,) = [o["data"][0] for o in reply.json()["outputs"] if o["name"] == "text_output"]
+    assert text == "[grüße] " + base_text.upper()
+    bad = {"inputs": [*payload["inputs"][:1], {**payload["inputs"][1], "data": ['{"temperature": -1}']}]}
+    refused = requests.post(url, json=bad, timeout=60)
+    assert refused.status_code == 400 and "temperature" in refused.text, refused.text
 
 
 SHOUT = "[grüße] "

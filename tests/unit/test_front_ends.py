@@ -127,8 +127,11 @@ def test_the_core_has_one_instance_per_front_end(tmp_path):
 
 
 def test_entry_models_need_a_single_front_end(tmp_path):
-    with pytest.raises(ConfigError, match="entry: ensemble only"):
+    """entry: bls cancels by key, which lives in one front end; entry: plain-bls watches no cancels."""
+    with pytest.raises(ConfigError, match="entry: ensemble or plain-bls only"):
         repo_render.render(_deployment(tmp_path, entry="bls", **SHARED), tmp_path / "repository")
+    files = repo_render.render(_deployment(tmp_path, entry="plain-bls", **SHARED), tmp_path / "plain-bls")
+    assert "count: 3" in files["vllm_core/config.pbtxt"] and "EntryModel" in files["vllm_model/1/model.py"]
 
 
 def test_a_deployment_names_the_missing_rule(tmp_path):

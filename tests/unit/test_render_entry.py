@@ -31,8 +31,31 @@ def test_bls_entry_renders_python_entries_with_their_stages(tmp_path: Path):
         assert stages["postprocess"]["class"] == "postprocess.vllm_backend:VllmBackendPostprocessor"
 
 
+def test_plain_bls_entry_renders_the_plain_entry_beside_the_streaming_ensemble(tmp_path: Path):
+    """entry: plain-bls: the plain public model is an entry model without the cancel watch (the stages in-process, the
+    core by BLS), the streaming one the ensemble; no model is rendered that nothing calls; several front ends go."""
+    fronts = {"front_ends": 2, "postprocess_in_sender": True}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    doc = _config(tmp_path, entry="plain-bls", core=fronts, engine_env=env, health={"restart_engine": False})
+    files = render(load_deployment(doc), tmp_path / "out")
+    plain = files["vllm_model/config.pbtxt"]
+    assert 'backend: "python"' in plain and "ensemble_scheduling" not in plain and "decoupled: true" not in plain
+    assert "EntryModel" in files["vllm_model/1/model.py"]
+    settings = json.loads(files["vllm_model/1/settings.json"])
+    assert settings["stream"] is False and settings["watch_cancels"] is False and settings["core_model"] == "vllm_core"
+    assert set(json.loads(files["vllm_model/1/stages.json"])) == {"preprocess", "postprocess"}
+    stream = files["vllm_model_stream/config.pbtxt"]
+    assert 'platform: "ensemble"' in stream and 'model_name: "preprocess"' in stream
+    assert 'model_name: "vllm_core"' in stream and 'model_name: "postprocess"' not in stream
+    models = {rel.split("/")[0] for rel in files}
+    assert models == {"vllm_model", "vllm_model_stream", "preprocess", "vllm_core"}  # no generate, no postprocess
+    bls = render(load_deployment(_config(tmp_path, entry="bls")), tmp_path / "bls")
+    assert json.loads(bls["vllm_model/1/settings.json"])["watch_cancels"] is True
+    assert json.loads(bls["vllm_model_stream/1/settings.json"])["watch_cancels"] is True
+
+
 def test_unknown_entry_kind_is_refused(tmp_path: Path):
-    with pytest.raises(ConfigError, match="entry: must be one of ensemble, bls"):
+    with pytest.raises(ConfigError, match="entry: must be one of ensemble, bls, plain-bls"):
         load_deployment(_config(tmp_path, entry="sidecar"))
 
 
