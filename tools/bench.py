@@ -27,6 +27,9 @@ Paths:
   --extra-stream-model NAME   another decoupled model of the same server, gRPC stream (path extra-stream:NAME)
   --preprocess-model-stream NAME   with core.preprocess_threads: the streaming ensemble as it is without them (the
                 preprocess model, then the same core and engine), added as model NAME (path extra-stream:NAME)
+  --entry-plain NAME   with entry: ensemble, the plain path as `entry: plain-bls` serves it (one Python model: the
+                stages in-process, the same core by BLS), added as model NAME beside the plain ensemble
+                (path extra:NAME)
 
 --deployment FILE (default: deployments/default.yaml with BENCH_ENGINE_OVERRIDES, the CPU set-up) is rendered
 as it is (engine args, engine_env, instance counts, stream pacing, entry kind); the bare and `vllm serve` paths
@@ -837,11 +840,13 @@ def bench_repository(
     variables: dict[str, str],
     also: Sequence[Path] = (),
     preprocess_model_stream: str | None = None,
+    entry_plain: str | None = None,
 ) -> BenchSetup:
     """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given), and
     the `also` deployments next to it (--also-deployment: their model names must differ from its).
     `preprocess_model_stream` (--preprocess-model-stream NAME) adds the streaming ensemble as it is without
-    core.preprocess_threads (the preprocess model, then the same core) as model NAME."""
+    core.preprocess_threads (the preprocess model, then the same core) as model NAME. `entry_plain` (--entry-plain
+    NAME) adds the plain entry model of `entry: plain-bls` (the stages in-process, the same core by BLS) as NAME."""
     from core.engine_config import load_engine_args
     from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render, render_together, write
 
@@ -866,6 +871,19 @@ def bench_repository(
         staged = deployment.model_copy(update={"core": core, "names": names})
         folder = preprocess_model_stream + "/"
         files.update({name: text for name, text in render(staged, repo).items() if name.startswith(folder)})
+    if entry_plain is not None:
+        if deployment.entry != "ensemble":
+            raise SystemExit(
+                "bench: --entry-plain needs a deployment with entry: ensemble (its plain path is the other)"
+            )
+        if any(name.startswith(entry_plain + "/") for name in files):
+            raise SystemExit(f"bench: --entry-plain {entry_plain}: a model of that name exists")
+        # Only the plain entry model is taken: it calls the deployment's own core by BLS with ENGINE_REQUEST, as
+        # generate does, so both plain paths share one core and engine.
+        names = deployment.names.model_copy(update={"plain": entry_plain})
+        entry = deployment.model_copy(update={"entry": "plain-bls", "names": names})
+        folder = entry_plain + "/"
+        files.update({name: text for name, text in render(entry, repo).items() if name.startswith(folder)})
     write(files, repo)
     engine_args = load_engine_args(repo / deployment.names.core / "1" / "model.json")
     return BenchSetup(
@@ -1375,6 +1393,7 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
         *(f"extra:{n}" for n in args.extra_model),
         *(f"extra-stream:{n}" for n in args.extra_stream_model),
         *([f"extra-stream:{args.preprocess_model_stream}"] if args.preprocess_model_stream else []),
+        *([f"extra:{args.entry_plain}"] if args.entry_plain else []),
     ]
 
 
@@ -1385,7 +1404,9 @@ async def run_all(
 ) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    setup = bench_repository(out, args.deployment, args.variables, args.also_deployment, args.preprocess_model_stream)
+    setup = bench_repository(
+        out, args.deployment, args.variables, args.also_deployment, args.preprocess_model_stream, args.entry_plain
+    )
     if args.vllm_backend is not None:
         add_vllm_backend(setup, args.vllm_backend)
     elif "vllm-backend-stream" in args.paths:
@@ -1546,6 +1567,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="with core.preprocess_threads: also the streaming ensemble through the preprocess model to the same core,"
         " as model NAME (path extra-stream:NAME)",
+    )
+    parser.add_argument(
+        "--entry-plain",
+        metavar="NAME",
+        help="with entry: ensemble, also the plain path as entry: plain-bls serves it (the stages in-process, the same"
+        " core by BLS), as model NAME (path extra:NAME)",
     )
     parser.add_argument("--extra-model", action="append", default=[])
     parser.add_argument("--extra-stream-model", action="append", default=[])

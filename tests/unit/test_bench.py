@@ -605,6 +605,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         variables={},
         also_deployment=[],
         preprocess_model_stream=None,
+        entry_plain=None,
         vllm_backend=None,
         paths=["bare"],
         background_load=3,
@@ -613,3 +614,31 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
     asyncio.run(bench.run_all(args, lambda result: None, lambda level: 0))
     others = sorted(os.sched_getaffinity(0) - {0})
     assert events == [f"pin {others}", "load 3 memory", "measure"]
+
+
+def test_entry_plain_adds_the_plain_entry_model_on_the_same_core(tmp_path: Path) -> None:
+    """--entry-plain NAME: the plain path as `entry: plain-bls` serves it (one Python model running the stages, the core
+    by BLS) beside the plain ensemble, calling the same core (here one of two front ends)."""
+    import json
+
+    from repo_render import DEFAULT_CONFIG
+    from tools.bench import bench_repository
+
+    doc = DEFAULT_CONFIG.read_text().replace("model: ../models/", f"model: {DEFAULT_CONFIG.parent.parent}/models/")
+    doc = doc.replace('VLLM_ENABLE_V1_MULTIPROCESSING: "0"', 'VLLM_ENABLE_V1_MULTIPROCESSING: "1"')
+    fronts = tmp_path / "front-ends.yaml"
+    fronts.write_text(doc + "core: {front_ends: 2, postprocess_in_sender: true}\nhealth: {restart_engine: false}\n")
+    setup = bench_repository(tmp_path / "out", fronts, {}, entry_plain="entry_plain")
+    model = setup.repo / "entry_plain"
+    assert "EntryModel" in (model / "1" / "model.py").read_text()
+    settings = json.loads((model / "1" / "settings.json").read_text())
+    assert settings["core_model"] == "vllm_core" and settings["stream"] is False and settings["watch_cancels"] is False
+    assert set(json.loads((model / "1" / "stages.json").read_text())) == {"preprocess", "postprocess"}
+    assert "decoupled: true" not in (model / "config.pbtxt").read_text()
+    assert 'platform: "ensemble"' in (setup.repo / "vllm_model" / "config.pbtxt").read_text()  # the ensemble stays
+    with pytest.raises(SystemExit, match="a model of that name exists"):
+        bench_repository(tmp_path / "out2", fronts, {}, entry_plain="generate")
+    plain_bls = tmp_path / "plain-bls.yaml"
+    plain_bls.write_text(fronts.read_text() + "entry: plain-bls\n")
+    with pytest.raises(SystemExit, match="needs a deployment with entry: ensemble"):
+        bench_repository(tmp_path / "out3", plain_bls, {}, entry_plain="entry_plain")
