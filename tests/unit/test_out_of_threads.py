@@ -36,8 +36,8 @@ def bench_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_python_instances_of_a_rendered_repository_are_counted(bench_repository: Path):
-    # 12 preprocess + 8 postprocess + 4 generate + 4 core front ends; the ensembles have none
-    assert python_instances(bench_repository) == 28
+    # 12 preprocess + 4 plain entry (entry: plain-bls) + 4 core front ends; the streaming ensemble has none
+    assert python_instances(bench_repository) == 20
 
 
 def test_a_config_that_does_not_parse_is_left_to_tritons_own_message(tmp_path: Path):
@@ -51,7 +51,7 @@ def test_a_config_that_does_not_parse_is_left_to_tritons_own_message(tmp_path: P
 def test_a_log_that_says_a_thread_could_not_start_gets_the_cause_and_the_count(bench_repository: Path):
     reason = out_of_threads(LOG, bench_repository)
     assert reason is not None and "ran out of threads" in reason
-    assert "thread-pool-size (512)" in reason and "has 28 (about 14336 threads)" in reason
+    assert "thread-pool-size (512)" in reason and "has 20 (about 10240 threads)" in reason
     assert "instance counts or generate.max_in_flight" in reason and "pids.max" in reason
 
 
@@ -66,7 +66,7 @@ def _rendered(tmp_path: Path, generate: str) -> Path:
 
 def test_the_pool_is_sized_by_the_repositorys_bls_threads(bench_repository: Path, tmp_path: Path):
     # generate.max_in_flight (512 by default) worker threads each hold a BLS call: the pool is that large, and no
-    # larger, since tritonserver starts it for every Python instance (28 here).
+    # larger, since tritonserver starts it for every Python instance (20 here).
     assert python_backend_threads(bench_repository) == 512
     assert python_backend_threads(_rendered(tmp_path / "a", "{instances: 4, max_in_flight: 128}")) == 128
     # never below the Python backend's own default
