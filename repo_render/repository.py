@@ -222,13 +222,8 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     public_in = {t.name: t.name for t in pre_cls.inputs}
     public_out = {t.name: t.name for t in post_cls.outputs}
     ensembles = ((names.plain, names.generate), (names.streaming, names.core))
-    if deployment.entry == "plain-bls":  # the plain entry is rendered above; generate has no caller
+    if deployment.entry == "plain-bls":  # its plain entry model is rendered above
         ensembles = ensembles[1:]
-        files = {rel: text for rel, text in files.items() if not rel.startswith(names.generate + "/")}
-        # a stage model that the streaming ensemble leaves to the core has no caller either
-        for stage, in_core_too in ((names.preprocess, core_preprocesses), (names.postprocess, in_sender)):
-            if in_core_too:
-                files = {rel: text for rel, text in files.items() if not rel.startswith(stage + "/")}
     for ensemble, middle in ensembles:
         # The streaming ensemble leaves out the stages that the core runs itself.
         pre_in_core = core_preprocesses and middle == names.core
@@ -245,7 +240,18 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
             steps.append(_step(names.postprocess, {tensors.ENGINE_RESPONSE.name: response}, public_out))
         files[f"{ensemble}/config.pbtxt"] = _ensemble(ensemble, pre_cls.inputs, post_cls.outputs, steps)
         files[f"{ensemble}/1/.keep"] = ""  # Triton needs a version folder, also for an ensemble
-    return dict(sorted(files.items()))
+    uncalled = _uncalled_models(deployment)
+    return dict(sorted((rel, text) for rel, text in files.items() if rel.split("/")[0] not in uncalled))
+
+
+def _uncalled_models(deployment: Deployment) -> set[str]:
+    """Models that no public model calls, left out of the repository: with entry: plain-bls, generate, and a stage
+    model whose stage the core runs itself for the streaming ensemble (each would be instances doing nothing)."""
+    if deployment.entry != "plain-bls":
+        return set()
+    names, core = deployment.names, deployment.core
+    in_core = ((names.preprocess, core.preprocess_threads > 0), (names.postprocess, core.postprocess_in_sender))
+    return {names.generate} | {stage for stage, runs_in_core in in_core if runs_in_core}
 
 
 def render_together(deployments: list[Deployment], out: Path) -> dict[str, str]:
