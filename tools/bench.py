@@ -862,28 +862,22 @@ def bench_repository(
     if preprocess_model_stream is not None:
         if not deployment.core.preprocess_threads:
             raise SystemExit("bench: --preprocess-model-stream needs a deployment with core.preprocess_threads")
-        if any(name.startswith(preprocess_model_stream + "/") for name in files):
-            raise SystemExit(f"bench: --preprocess-model-stream {preprocess_model_stream}: a model of that name exists")
         # Only the ensemble is taken: its steps are the deployment's own preprocess model and core, which takes
         # ENGINE_REQUEST from any caller (a BLS caller's way in), so both ensembles share one core and engine.
         core = deployment.core.model_copy(update={"preprocess_threads": 0})
         names = deployment.names.model_copy(update={"streaming": preprocess_model_stream})
         staged = deployment.model_copy(update={"core": core, "names": names})
-        folder = preprocess_model_stream + "/"
-        files.update({name: text for name, text in render(staged, repo).items() if name.startswith(folder)})
+        _add_variant_model(files, render(staged, repo), preprocess_model_stream, "--preprocess-model-stream")
     if entry_plain is not None:
         if deployment.entry != "ensemble":
             raise SystemExit(
                 "bench: --entry-plain needs a deployment with entry: ensemble (its plain path is the other)"
             )
-        if any(name.startswith(entry_plain + "/") for name in files):
-            raise SystemExit(f"bench: --entry-plain {entry_plain}: a model of that name exists")
         # Only the plain entry model is taken: it calls the deployment's own core by BLS with ENGINE_REQUEST, as
         # generate does, so both plain paths share one core and engine.
         names = deployment.names.model_copy(update={"plain": entry_plain})
         entry = deployment.model_copy(update={"entry": "plain-bls", "names": names})
-        folder = entry_plain + "/"
-        files.update({name: text for name, text in render(entry, repo).items() if name.startswith(folder)})
+        _add_variant_model(files, render(entry, repo), entry_plain, "--entry-plain")
     write(files, repo)
     engine_args = load_engine_args(repo / deployment.names.core / "1" / "model.json")
     return BenchSetup(
@@ -896,6 +890,15 @@ def bench_repository(
         list(deployment.core.engine_cpus),
         deployment.core.front_ends,
     )
+
+
+def _add_variant_model(files: dict[str, str], variant: dict[str, str], name: str, flag: str) -> None:
+    """Model `name`'s files from a variant's rendering, added to the repository's (a model of that name already
+    there would have its files replaced: refused)."""
+    folder = name + "/"
+    if any(rel.startswith(folder) for rel in files):
+        raise SystemExit(f"bench: {flag} {name}: a model of that name exists")
+    files.update({rel: text for rel, text in variant.items() if rel.startswith(folder)})
 
 
 def add_vllm_backend(setup: BenchSetup, source: Path) -> None:
