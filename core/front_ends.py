@@ -90,13 +90,17 @@ def instance_index(instance_name: str) -> int:
     return int(match.group(1))
 
 
-def front_end(count: int, instance_name: str, model_name: str, server_pid: int | None = None) -> FrontEnd | None:
-    """This instance's FrontEnd, or None with a single front end (the core then starts its engine as vLLM does)."""
+def front_end(
+    count: int, instance_name: str, model_name: str, server_pid: int | None = None, first: int = 0
+) -> FrontEnd | None:
+    """This instance's FrontEnd, or None with a single front end (the core then starts its engine as vLLM does).
+    `count`: the engine's front ends over all models; `model_name`: the model whose instance 0 launches the engine;
+    `first`: the index of this model's instance 0 (entry: plain-core's plain model: after the core's)."""
     if count <= 1:
         return None
-    index = instance_index(instance_name)
+    index = first + instance_index(instance_name)
     if index >= count:
-        raise ValueError(f"instance {instance_name!r} has index {index}, but core.front_ends is {count}")
+        raise ValueError(f"instance {instance_name!r} is front end {index}, but the engine has {count}")
     pid = os.getppid() if server_pid is None else server_pid
     # Short: an IPC path must fit a Unix socket's 107 bytes.
     socket_dir = Path(tempfile.gettempdir()) / f"tvllm-fe-{pid}-{model_name}"

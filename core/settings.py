@@ -88,18 +88,51 @@ class CoreSettings(Settings):
 
     @model_validator(mode="after")
     def _shared_engine_limits(self) -> CoreSettings:
-        """What several front ends of one engine cannot do yet (core/front_ends.py says why)."""
-        if self.core.front_ends > 1:
-            if self.health.restart_engine:
-                raise ValueError(
-                    "core.front_ends > 1 shares one engine between processes, which cannot restart it: set"
-                    " health.restart_engine: false"
-                )
-            if self.engine_env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-                raise ValueError(
-                    "core.front_ends > 1 needs vLLM's EngineCore in its own process: remove"
-                    " engine_env.VLLM_ENABLE_V1_MULTIPROCESSING: '0'"
-                )
+        problem = shared_engine_problem(self, self.core.front_ends, "core.front_ends > 1")
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def shared_engine_problem(settings: CoreSettings, clients: int, why: str) -> str | None:
+    """What one engine with several front ends (`clients` of them, `why` they are several) cannot do yet
+    (core/front_ends.py says why), or None."""
+    if clients <= 1:
+        return None
+    if settings.health.restart_engine:
+        return f"{why} shares one engine between processes, which cannot restart it: set health.restart_engine: false"
+    if settings.engine_env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        return (
+            f"{why} needs vLLM's EngineCore in its own process: remove engine_env.VLLM_ENABLE_V1_MULTIPROCESSING: '0'"
+        )
+    return None
+
+
+class EngineClients(Settings):
+    """The front ends of one EngineCore across models (written by the renderer, not a deployment key): with entry:
+    plain-core the plain public model's instances are front ends of the core's engine too."""
+
+    engine_model: str  # the model whose instance 0 launches the EngineCore: the front ends' sockets are named after it
+    first: int = Field(ge=0)  # this model's instance i is front end first + i
+    total: int = Field(ge=1)  # front ends of the one EngineCore, over all models
+
+
+class CoreModelSettings(CoreSettings):
+    """What a model running the core's adapter reads (settings.json): the core, or with entry: plain-core also the
+    plain public model, which is the core's adapter with the stages in-process and one response per request."""
+
+    # None: this model's own front ends only (core.front_ends of them, named after this model)
+    engine_clients: EngineClients | None = None
+    # The plain public model (entry: plain-core): every request through the preprocess stage on the core's threads
+    # and the postprocess stage in its senders, answered with one response (vLLM's FINAL_ONLY output).
+    plain: bool = False
+
+    @model_validator(mode="after")
+    def _shared_engine_across_models(self) -> CoreModelSettings:
+        clients = self.engine_clients
+        problem = shared_engine_problem(self, clients.total if clients else 1, "entry: plain-core")
+        if problem:
+            raise ValueError(problem)
         return self
 
 

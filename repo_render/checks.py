@@ -12,7 +12,15 @@ from typing import Any
 
 import yaml
 
-from repo_render.schema import BUILTIN_STAGES_PATHS, ConfigError, Deployment, did_you_mean, parse_deployment
+from core.settings import shared_engine_problem
+from repo_render.schema import (
+    BUILTIN_STAGES_PATHS,
+    STAGE_ROLES,
+    ConfigError,
+    Deployment,
+    did_you_mean,
+    parse_deployment,
+)
 from repo_render.substitute import substitute
 
 
@@ -47,9 +55,6 @@ def _accepts(hint: Any, value: Any) -> bool | None:
     return None
 
 
-STAGE_ROLES = ("preprocess", "postprocess")
-
-
 def check_deployment(deployment: Deployment) -> None:
     """Rules that span keys or need the file system, checked before anything is written (each key's own type and
     bounds are the schema's, repo_render/schema.py)."""
@@ -62,8 +67,14 @@ def check_deployment(deployment: Deployment) -> None:
         # An entry model cancels by key; the key lives in the front end that took the request, and the control
         # request could reach another one. (entry: plain-bls watches no cancels.)
         raise ConfigError(
-            "core.front_ends > 1 works with entry: ensemble or plain-bls only; with entry: bls set it to 1"
+            "core.front_ends > 1 works with entry: ensemble, plain-bls or plain-core only; with entry: bls set it to 1"
         )
+    if deployment.entry == "plain-core":
+        # The plain model's instances are front ends of the core's engine too: always more than one.
+        clients = deployment.core.front_ends + deployment.generate.instances
+        problem = shared_engine_problem(deployment, clients, "entry: plain-core")
+        if problem:
+            raise ConfigError(problem)
     for key, stage in (("postprocess_in_sender", "postprocess"), ("preprocess_threads", "preprocess")):
         if getattr(deployment.core, key) and deployment.entry == "bls":
             # The entry models run the stages themselves; the core's would never be asked for.

@@ -15,13 +15,15 @@ from core.settings import (
     SETTINGS_FILE,
     STAGE_FILE,
     STAGES_FILE,
+    CoreModelSettings,
     CoreSettings,
+    EngineClients,
     EntrySettings,
     GenerateSettings,
     Settings,
 )
 from repo_render.pbtxt import HEADER, _ensemble, _python_model, _step
-from repo_render.schema import BUILTIN_STAGES, BUILTIN_STAGES_PATHS, ROOT, ConfigError, Deployment
+from repo_render.schema import BUILTIN_STAGES, BUILTIN_STAGES_PATHS, ROOT, STAGE_ROLES, ConfigError, Deployment
 from repo_render.stages import check_wiring, code_dirs, load_stage, stage_path
 
 # The most requests the core, or generate, takes in one execute: more than any engine batch (vLLM queues the rest
@@ -172,9 +174,12 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
         files[f"{names.core}/1/{STAGES_FILE}"] = _json(stages)
     files[f"{names.core}/1/model.py"] = _model_py("CoreModel", "the vLLM core (decoupled, owns the engine)")
     files[f"{names.core}/1/model.json"] = _json(engine_args)
-    files[f"{names.core}/1/{SETTINGS_FILE}"] = _settings(core_settings(deployment))
     if lora_paths:
         files[f"{names.core}/1/multi_lora.json"] = _json(lora_paths)
+    if deployment.entry == "plain-core":
+        files.update(_plain_core(deployment, files, pre_cls.inputs, post_cls.outputs))
+    else:
+        files[f"{names.core}/1/{SETTINGS_FILE}"] = _settings(core_settings(deployment))
 
     files[f"{names.generate}/config.pbtxt"] = _python_model(
         names.generate,
@@ -189,7 +194,7 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     files[f"{names.generate}/1/{SETTINGS_FILE}"] = _settings(generate)
     files[f"{names.generate}/1/model.py"] = _model_py("GenerateModel", "generate (BLS over the core, one response)")
 
-    if deployment.entry != "ensemble":
+    if deployment.entry in ("bls", "plain-bls"):
         # The same classes and settings as the stage models' stage.json (one derivation, above).
         stages = {
             "preprocess": json.loads(files[f"{names.preprocess}/1/{STAGE_FILE}"]),
@@ -222,7 +227,7 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     public_in = {t.name: t.name for t in pre_cls.inputs}
     public_out = {t.name: t.name for t in post_cls.outputs}
     ensembles = ((names.plain, names.generate), (names.streaming, names.core))
-    if deployment.entry == "plain-bls":  # its plain entry model is rendered above
+    if deployment.entry in PLAIN_ENTRIES:  # its plain public model is rendered above
         ensembles = ensembles[1:]
     for ensemble, middle in ensembles:
         # The streaming ensemble leaves out the stages that the core runs itself.
@@ -244,10 +249,58 @@ def render(deployment: Deployment, out: Path, relative_paths: bool = False) -> d
     return dict(sorted((rel, text) for rel, text in files.items() if rel.split("/")[0] not in uncalled))
 
 
+# The entries whose plain public model is one Python model and whose streaming one is the ensemble
+PLAIN_ENTRIES = ("plain-bls", "plain-core")
+
+
+def _plain_core(
+    deployment: Deployment, files: dict[str, str], inputs: tuple[Any, ...], outputs: tuple[Any, ...]
+) -> dict[str, str]:
+    """entry: plain-core: the core's settings, and the plain public model as the core's adapter (not decoupled)
+    whose generate.instances instances are front ends of the core's engine after the core's own."""
+    names, core = deployment.names, deployment.core
+    clients = core.front_ends + deployment.generate.instances
+    shared = core_settings(deployment).model_dump()
+    core_model = CoreModelSettings(
+        **shared, engine_clients=EngineClients(engine_model=names.core, first=0, total=clients)
+    )
+    plain_model = CoreModelSettings(
+        **{
+            **shared,
+            "core": core.model_copy(
+                update={"preprocess_threads": deployment.generate.preprocess_threads, "postprocess_in_sender": True}
+            ).model_dump(),
+        },
+        engine_clients=EngineClients(engine_model=names.core, first=core.front_ends, total=clients),
+        plain=True,
+    )
+    # The same classes and settings as the stage models' stage.json (one derivation, above).
+    stages = {stage: json.loads(files[f"{getattr(names, stage)}/1/{STAGE_FILE}"]) for stage in STAGE_ROLES}
+    plain = {
+        f"{names.plain}/config.pbtxt": _python_model(
+            # KIND_MODEL as the core: the same adapter, a client of the engine that spans the GPUs itself
+            names.plain,
+            inputs,
+            outputs,
+            deployment.generate.instances,
+            "KIND_MODEL",
+        ),
+        f"{names.plain}/1/model.py": _model_py("CoreModel", "the plain public model (the core's adapter, plain)"),
+        f"{names.plain}/1/model.json": files[f"{names.core}/1/model.json"],
+        f"{names.plain}/1/{SETTINGS_FILE}": _settings(plain_model),
+        f"{names.plain}/1/{STAGES_FILE}": _json(stages),
+        f"{names.core}/1/{SETTINGS_FILE}": _settings(core_model),
+    }
+    if f"{names.core}/1/multi_lora.json" in files:
+        plain[f"{names.plain}/1/multi_lora.json"] = files[f"{names.core}/1/multi_lora.json"]
+    return plain
+
+
 def _uncalled_models(deployment: Deployment) -> set[str]:
-    """Models that no public model calls, left out of the repository: with entry: plain-bls, generate, and a stage
-    model whose stage the core runs itself for the streaming ensemble (each would be instances doing nothing)."""
-    if deployment.entry != "plain-bls":
+    """Models that no public model calls, left out of the repository: with entry: plain-bls or plain-core,
+    generate, and a stage model whose stage the core runs itself for the streaming ensemble (each would be
+    instances doing nothing)."""
+    if deployment.entry not in PLAIN_ENTRIES:
         return set()
     names, core = deployment.names, deployment.core
     in_core = ((names.preprocess, core.preprocess_threads > 0), (names.postprocess, core.postprocess_in_sender))

@@ -29,7 +29,7 @@ DEFAULT_CONFIG = ROOT / "deployments" / "default.yaml"
 DEFAULT_OUT = ROOT / "model_repository"
 
 
-EntryKind = Literal["ensemble", "bls", "plain-bls"]
+EntryKind = Literal["ensemble", "bls", "plain-bls", "plain-core"]
 ENTRY_KINDS: tuple[str, ...] = typing.get_args(EntryKind)
 
 
@@ -51,6 +51,9 @@ BUILTIN_STAGES: dict[str, dict[str, str]] = {
 }
 
 
+STAGE_ROLES = ("preprocess", "postprocess")
+
+
 BUILTIN_STAGES_PATHS = frozenset(path for variants in BUILTIN_STAGES.values() for path in variants.values())
 
 
@@ -70,6 +73,9 @@ class StageConfig(Section):
 class GenerateConfig(Section):
     instances: int = Field(1, ge=1)
     max_in_flight: int = Field(512, ge=1)  # generate's worker threads (core.settings.GenerateSettings)
+    # With entry: plain-core, the threads of each plain front end that run the preprocess stage (tokenizing releases
+    # the GIL, so a burst of requests is tokenized side by side)
+    preprocess_threads: int = Field(4, ge=1, le=64)
 
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -124,7 +130,9 @@ class Deployment(CoreSettings, Section):
     # models running the stages in-process and the core by BLS, which is what lets a client's cancel abort
     # the engine request on Triton 2.51 (an ensemble step never sees it). "plain-bls": the plain name is such an
     # entry model without the cancel watch (two Python-backend hops fewer per plain request), the streaming one
-    # the ensemble.
+    # the ensemble. "plain-core": the plain name is the core's adapter itself (not decoupled, generate.instances
+    # more front ends of the core's engine, the stages in-process: no hop between Triton and the engine), the
+    # streaming one the ensemble.
     entry: EntryKind = "ensemble"
     # Folders with the deployment's own stage code (`preprocess/postprocess.class: module:Class`), relative to the
     # config file or absolute: the stubs put them on sys.path before loading the class (Triton's Python stubs

@@ -27,9 +27,9 @@ Paths:
   --extra-stream-model NAME   another decoupled model of the same server, gRPC stream (path extra-stream:NAME)
   --preprocess-model-stream NAME   with core.preprocess_threads: the streaming ensemble as it is without them (the
                 preprocess model, then the same core and engine), added as model NAME (path extra-stream:NAME)
-  --entry-plain NAME   with entry: ensemble, the plain path as `entry: plain-bls` serves it (one Python model: the
-                stages in-process, the same core by BLS), added as model NAME beside the plain ensemble
-                (path extra:NAME)
+  --entry-plain NAME   with entry: ensemble or plain-core, the plain path as `entry: plain-bls` serves it (one
+                Python model: the stages in-process, the same core by BLS), added as model NAME beside the
+                deployment's plain model (path extra:NAME)
 
 --deployment FILE (default: deployments/default.yaml with BENCH_ENGINE_OVERRIDES, the CPU set-up) is rendered
 as it is (engine args, engine_env, instance counts, stream pacing, entry kind); the bare and `vllm serve` paths
@@ -869,9 +869,10 @@ def bench_repository(
         staged = deployment.model_copy(update={"core": core, "names": names})
         _add_variant_model(files, render(staged, repo), preprocess_model_stream, "--preprocess-model-stream")
     if entry_plain is not None:
-        if deployment.entry != "ensemble":
+        if deployment.entry not in ("ensemble", "plain-core"):
             raise SystemExit(
-                "bench: --entry-plain needs a deployment with entry: ensemble (its plain path is the other)"
+                "bench: --entry-plain needs a deployment with entry: ensemble or plain-core (its plain path is the"
+                " other)"
             )
         # Only the plain entry model is taken: it calls the deployment's own core by BLS with ENGINE_REQUEST, as
         # generate does, so both plain paths share one core and engine.
@@ -1574,8 +1575,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--entry-plain",
         metavar="NAME",
-        help="with entry: ensemble, also the plain path as entry: plain-bls serves it (the stages in-process, the same"
-        " core by BLS), as model NAME (path extra:NAME)",
+        help="with entry: ensemble or plain-core, also the plain path as entry: plain-bls serves it (the stages"
+        " in-process, the same core by BLS), as model NAME (path extra:NAME)",
     )
     parser.add_argument("--extra-model", action="append", default=[])
     parser.add_argument("--extra-stream-model", action="append", default=[])

@@ -1,4 +1,5 @@
-"""The Triton adapter of the vLLM core: decoupled, owns the engine, sends from sender threads."""
+"""The Triton adapter of the vLLM core: decoupled, owns the engine, sends from sender threads. With entry:
+plain-core the plain public model runs it too: not decoupled, more front ends of the same engine."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -44,8 +46,11 @@ from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavai
 from core.interface import document_tensor as document_array
 from core.metrics import GaugeClock, StatsSink, profiled_engine_args, stat_logger_factory
 from core.protocol import EngineRequest, EngineResponse, decode_request, encode_response
-from core.settings import STAGES_FILE, CoreSettings, load_settings
+from core.settings import STAGES_FILE, CoreModelSettings, load_settings
 from core.step_stats import EngineSteps
+
+# What a BLS caller of the core (an entry model, generate) may ask of it besides the engine request
+CONTROL_PARAMETERS = frozenset((ABORT_PARAMETER, CANCEL_KEY_PARAMETER, CODE_TAG_PARAMETER))
 
 
 def _emitter(outbox: queue.SimpleQueue[Outgoing | None], sender: Any, stats: CoreStats | None):
@@ -69,22 +74,38 @@ class CoreSender(GuardedSender):
 
 
 class CoreModel:
-    """Decoupled: owns the vLLM engine; one response per engine output (one in all when not streaming)."""
+    """Decoupled: owns the vLLM engine; one response per engine output (one in all when not streaming).
+
+    As the plain public model (entry: plain-core; settings.json `plain`) it is not decoupled: its instances are
+    further front ends of the core's engine, each request goes through the preprocess stage on its threads, is
+    generated as one FINAL_ONLY output and answered with the postprocess stage's outputs in one response. No
+    Python-backend hop lies between the client's request and the engine.
+    """
 
     def initialize(self, args: dict[str, Any]) -> None:
         self.logger = pb_utils.Logger
         model_dir = version_dir(args)
         loras = lora_adapters(model_dir / LORA_FILE, Path(args["model_repository"]).parent)
-        settings = load_settings(CoreSettings, model_dir)
+        settings = load_settings(CoreModelSettings, model_dir)
+        self.plain = settings.plain
         # The deployment's engine_env, before vLLM reads it; the EngineCore process inherits it.
         os.environ.update(settings.engine_env)
         prepare_process_environment()  # before anything imports vLLM
         engine_args = load_engine_args(model_dir / ENGINE_ARGS_FILE)
-        fe = front_end(settings.core.front_ends, args.get("model_instance_name", ""), args["model_name"])
+        # Whose engine this is: this model's own, or the core's (the plain model of entry: plain-core)
+        clients = settings.engine_clients
+        engine_model = clients.engine_model if clients else args["model_name"]
+        fe = front_end(
+            clients.total if clients else settings.core.front_ends,
+            args.get("model_instance_name", ""),
+            engine_model,
+            first=clients.first if clients else 0,
+        )
         self._metrics: TritonMetrics | None = None
         sinks: list[StatsSink] = []
         if settings.metrics:
-            labels = {"model": args["model_name"], "version": args["model_version"]}
+            # The engine's metrics, in its model's series (the plain model of entry: plain-core: the core's)
+            labels = {"model": engine_model, "version": args["model_version"]}
             # Several front ends share these metrics (Triton's, by name and labels): gauges newest-first.
             self._metrics = TritonMetrics(labels, None if fe is None else GaugeClock(fe.gauge_clock_path))
             sinks.append(self._metrics.buffer)
@@ -125,7 +146,8 @@ class CoreModel:
             # EngineCore would inherit it, and its busy loop must not hand the GIL over that often.
             sys.setswitchinterval(settings.core.switch_interval_ms / 1000)
         # The stages run here for the requests of the streaming ensemble: core.preprocess_threads (on a pool of
-        # threads, before the engine) and core.postprocess_in_sender (in the sender threads, on each response)
+        # threads, before the engine) and core.postprocess_in_sender (in the sender threads, on each response);
+        # the renderer sets both for the plain model of entry: plain-core
         self.preprocess: LoadedStage | None = None
         self.postprocess: LoadedStage | None = None
         self._preprocess_pool: ThreadPoolExecutor | None = None
@@ -237,6 +259,8 @@ class CoreModel:
         if self.stats is not None:
             self.stats.admitted(id(sender))
         parameters = request_parameters(request)
+        if self.plain:  # a client's own request: the control parameters of BLS callers are not its to give
+            parameters = {k: v for k, v in parameters.items() if k not in CONTROL_PARAMETERS}
         # A BLS caller (an entry model or generate) gets error codes in the message (see child_error)
         sender.tagged = CANCEL_KEY_PARAMETER in parameters or CODE_TAG_PARAMETER in parameters
         # The streaming ensemble's step asks for the postprocess stage's outputs, a BLS caller for ENGINE_RESPONSE.
@@ -276,6 +300,8 @@ class CoreModel:
         try:
             document = self.preprocess.run_numpy(inputs, parameters)[ENGINE_REQUEST.name]
             engine_request = decode_request(document.reshape(-1)[0])
+            if self.plain:  # one response: the whole answer as one output, whatever `stream` asked
+                engine_request = msgspec.structs.replace(engine_request, stream=False)
         except Exception as exc:  # noqa: BLE001 - this request's error; the others go on
             if not isinstance(exc, (InvalidInput, Unavailable)):
                 self.logger.log_error(f"vllm_core: preprocess failed: {traceback.format_exc()}")

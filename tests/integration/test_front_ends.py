@@ -6,6 +6,7 @@ flight, or new on either instance) gets UNAVAILABLE quickly while the server sta
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -24,6 +25,23 @@ pytestmark = pytest.mark.server
 FRONT_ENDS = 2
 GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
 _STATS = re.compile(r"vllm_core stats: (\d+) requests/s .*\(front end (\d+) of (\d+)\)")
+
+
+def _ask_all(client, prompts: list[str]) -> dict[str, str]:
+    """Each prompt's plain greedy text, all asked at once (one thread each)."""
+    plain: dict[str, str] = {}
+
+    def ask(prompt: str) -> None:
+        result = client.infer(PLAIN_MODEL, grpc_inputs(prompt, GREEDY), client_timeout=120)
+        plain[prompt] = result.as_numpy("text_output")[0].decode()
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert sorted(plain) == sorted(prompts)
+    return plain
 
 
 def _running(server) -> list[float]:
@@ -52,18 +70,7 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         client = grpcclient.InferenceServerClient(server.grpc_url)
 
         prompts = [f"Story {i}: once upon a time" for i in range(24)]
-        plain: dict[str, str] = {}
-
-        def ask(prompt: str) -> None:
-            result = client.infer(PLAIN_MODEL, grpc_inputs(prompt, GREEDY), client_timeout=120)
-            plain[prompt] = result.as_numpy("text_output")[0].decode()
-
-        threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=180)
-        assert sorted(plain) == sorted(prompts)
+        plain = _ask_all(client, prompts)
         for prompt in prompts[:3]:
             deltas = grpc_stream(server.grpc_url, grpc_inputs(prompt, GREEDY, stream=True))
             streamed = "".join(d["text_output"][0].decode() for d, _ in deltas)
@@ -113,6 +120,76 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
             assert time.monotonic() - start < QUICK_SECONDS
         assert server.process.poll() is None, "the server itself must survive"
         client.close()
+    finally:
+        server.stop()
+
+
+def test_plain_core_serves_plain_requests_as_front_ends_of_the_cores_engine(tiny_model, tmp_path):
+    """entry: plain-core: the plain public model is the core's adapter (not decoupled), its two instances front ends
+    2 and 3 of the engine that the core's instance 0 launched. Plain gRPC, HTTP /infer and /generate are answered
+    by it (the same greedy text as the streaming ensemble through the core), a bad parameter is INVALID_ARG naming
+    it, a client cannot use the BLS callers' control parameters, and the engine's metrics count every request in
+    the core's one series."""
+    import requests
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    repository = render_repository(
+        tmp_path / "repository",
+        entry="plain-core",
+        core={"front_ends": FRONT_ENDS},
+        generate={"instances": 2, "preprocess_threads": 2},
+        health={"restart_engine": False},
+        metrics=True,
+        engine_env={"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
+    config = (repository / PLAIN_MODEL / "config.pbtxt").read_text()
+    assert 'backend: "python"' in config and "decoupled" not in config
+    assert not (repository / "generate").exists()  # the streaming ensemble keeps its stage models
+    log = tmp_path / "tritonserver.log"
+    server = start_on_free_ports(repository, log, environment={CORE_STATS_KEY: "1"})
+    try:
+        engines = _engine_cores(server)
+        assert len(engines) == 1, f"one EngineCore for {FRONT_ENDS} + 2 front ends, found {engines}"
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        prompts = [f"Story {i}: once upon a time" for i in range(16)]
+        plain = _ask_all(client, prompts)
+        prompt = prompts[0]
+        deltas = grpc_stream(server.grpc_url, grpc_inputs(prompt, GREEDY, stream=True))
+        streamed = "".join(d["text_output"][0].decode() for d, _ in deltas)
+        assert prompt + streamed == plain[prompt], (streamed, plain[prompt])
+        # `stream` asked of the plain model: one response all the same, the prompt not echoed (the backend's rule)
+        one = client.infer(PLAIN_MODEL, grpc_inputs(prompt, GREEDY, stream=True), client_timeout=120)
+        assert one.as_numpy("text_output")[0].decode() == streamed
+        # the core's control parameters are not a client's: this request is answered, not aborted
+        controlled = client.infer(
+            PLAIN_MODEL, grpc_inputs(prompt, GREEDY), parameters={"abort": "x", "cancel_key": "y"}, client_timeout=120
+        )
+        assert controlled.as_numpy("text_output")[0].decode() == plain[prompt]
+        with pytest.raises(InferenceServerException) as error:
+            client.infer(PLAIN_MODEL, grpc_inputs(prompt, {"temperature": -1}), client_timeout=120)
+        assert error.value.status() == "StatusCode.INVALID_ARGUMENT" and "temperature" in str(error.value)
+        http = f"http://{server.address}:{server.http_port}/v2/models/{PLAIN_MODEL}"
+        reply = requests.post(f"{http}/generate", json={"text_input": prompt, "parameters": GREEDY}, timeout=120)
+        assert reply.status_code == 200 and reply.json()["text_output"] == plain[prompt], reply.text
+        infer = {
+            "inputs": [
+                {"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [prompt]},
+                {"name": "sampling_parameters", "shape": [1], "datatype": "BYTES", "data": [json.dumps(GREEDY)]},
+            ]
+        }
+        reply = requests.post(f"{http}/infer", json=infer, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert [o["data"][0] for o in reply.json()["outputs"] if o["name"] == "text_output"] == [plain[prompt]]
+        client.close()
+
+        time.sleep(2.5)  # the counters' log line every second; the metrics published every 0.2 s
+        served = {int(m[2]) for m in _STATS.finditer(log.read_text(errors="replace")) if int(m[1]) > 0}
+        assert served >= {FRONT_ENDS, FRONT_ENDS + 1}, f"the plain model's front ends took no requests: {served}"
+        assert {int(m[3]) for m in _STATS.finditer(log.read_text(errors="replace"))} == {FRONT_ENDS + 2}
+        finished = {labels: v for (name, labels), v in scrape(server).items() if name == "vllm:request_success_total"}
+        assert list(finished.values()) == [len(prompts) + 5], finished  # +1 streamed, 4 more plain (1 refused)
+        assert ("model", "vllm_core") in next(iter(finished))
     finally:
         server.stop()
 

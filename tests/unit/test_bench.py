@@ -640,5 +640,11 @@ def test_entry_plain_adds_the_plain_entry_model_on_the_same_core(tmp_path: Path)
         bench_repository(tmp_path / "out2", fronts, {}, entry_plain="generate")
     plain_bls = tmp_path / "plain-bls.yaml"
     plain_bls.write_text(fronts.read_text() + "entry: plain-bls\n")
-    with pytest.raises(SystemExit, match="needs a deployment with entry: ensemble"):
+    with pytest.raises(SystemExit, match="needs a deployment with entry: ensemble or plain-core"):
         bench_repository(tmp_path / "out3", plain_bls, {}, entry_plain="entry_plain")
+    # beside entry: plain-core's plain model (the core's adapter), calling the same core
+    plain_core = tmp_path / "plain-core.yaml"
+    plain_core.write_text(fronts.read_text() + "entry: plain-core\n")
+    setup = bench_repository(tmp_path / "out4", plain_core, {}, entry_plain="entry_plain")
+    assert "EntryModel" in (setup.repo / "entry_plain" / "1" / "model.py").read_text()
+    assert "CoreModel" in (setup.repo / "vllm_model" / "1" / "model.py").read_text()

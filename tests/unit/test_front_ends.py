@@ -34,10 +34,15 @@ def test_instances_are_told_apart_by_their_names(tmp_path, monkeypatch):
     }
     other_server = front_ends.front_end(3, "vllm_core_0_0", "vllm_core", server_pid=43)
     assert other_server.socket_dir != first.socket_dir
-    with pytest.raises(ValueError, match="index 3"):
+    with pytest.raises(ValueError, match="front end 3"):
         front_ends.front_end(3, "vllm_core_0_3", "vllm_core", server_pid=42)
     with pytest.raises(ValueError, match="instance index"):
         front_ends.instance_index("vllm_core")
+    # entry: plain-core: the plain model's instances come after the core's, with the core's sockets
+    plain = front_ends.front_end(5, "vllm_model_0_1", "vllm_core", server_pid=42, first=3)
+    assert plain.index == 4 and not plain.launches_engine and plain.socket_dir == first.socket_dir
+    with pytest.raises(ValueError, match="front end 5"):
+        front_ends.front_end(5, "vllm_model_0_2", "vllm_core", server_pid=42, first=3)
 
 
 def _fe(tmp_path, index=1):
@@ -128,7 +133,7 @@ def test_the_core_has_one_instance_per_front_end(tmp_path):
 
 def test_entry_models_need_a_single_front_end(tmp_path):
     """entry: bls cancels by key, which lives in one front end; entry: plain-bls watches no cancels."""
-    with pytest.raises(ConfigError, match="entry: ensemble or plain-bls only"):
+    with pytest.raises(ConfigError, match="entry: ensemble, plain-bls or plain-core only"):
         repo_render.render(_deployment(tmp_path, entry="bls", **SHARED), tmp_path / "repository")
     files = repo_render.render(_deployment(tmp_path, entry="plain-bls", **SHARED), tmp_path / "plain-bls")
     assert "count: 3" in files["vllm_core/config.pbtxt"] and "EntryModel" in files["vllm_model/1/model.py"]

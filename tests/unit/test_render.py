@@ -110,7 +110,7 @@ def _config(tmp_path: Path, text: str) -> Path:
         ("model: ./m\ncode_paths: own\n", "code_paths: expected a list, got str 'own'"),
         ("model: ./m\nhealth: 3\n", "health: expected a mapping, got int 3"),
         ("model: ./m\npreprocess: {clas: raw}\n", "preprocess.clas: unknown key; did you mean 'class'?"),
-        ("model: ./m\nentry: blss\n", "entry: must be one of ensemble, bls, plain-bls, got 'blss'"),
+        ("model: ./m\nentry: blss\n", "entry: must be one of ensemble, bls, plain-bls, plain-core, got 'blss'"),
         ("model: ./m\nchat_template: {inline: x, file: y}\n", "chat_template: give 'inline' (the template) or 'file'"),
         ("model: ./m\nchat_template: {file: nowhere.jinja}\n", "chat_template.file: no such file 'nowhere.jinja'"),
         ("model: ./m\nchat_template: {inline: 3}\n", "chat_template.inline: expected str, got int 3"),

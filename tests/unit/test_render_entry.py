@@ -54,6 +54,53 @@ def test_plain_bls_entry_renders_the_plain_entry_beside_the_streaming_ensemble(t
     assert json.loads(bls["vllm_model_stream/1/settings.json"])["watch_cancels"] is True
 
 
+def test_plain_core_entry_renders_the_core_adapter_as_the_plain_model(tmp_path: Path):
+    """entry: plain-core: the plain public model is the core's adapter, not decoupled, with the stages in-process;
+    its instances are front ends of the core's engine after the core's own (the core launches it for all of them);
+    the streaming one stays the ensemble; nothing uncalled is rendered."""
+    fronts = {"front_ends": 2, "postprocess_in_sender": True}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    generate = {"instances": 3, "preprocess_threads": 5}
+    doc = _config(
+        tmp_path, entry="plain-core", core=fronts, engine_env=env, health={"restart_engine": False}, generate=generate
+    )
+    files = render(load_deployment(doc), tmp_path / "out")
+    plain = files["vllm_model/config.pbtxt"]
+    assert 'backend: "python"' in plain and "ensemble_scheduling" not in plain and "decoupled: true" not in plain
+    assert "count: 3" in plain and "KIND_MODEL" in plain and "max_batch_size" not in plain
+    assert 'name: "text_input"' in plain and 'name: "text_output"' in plain and "engine_request" not in plain
+    assert "CoreModel" in files["vllm_model/1/model.py"]
+    assert files["vllm_model/1/model.json"] == files["vllm_core/1/model.json"]
+    settings = json.loads(files["vllm_model/1/settings.json"])
+    assert settings["plain"] is True
+    assert settings["engine_clients"] == {"engine_model": "vllm_core", "first": 2, "total": 5}
+    assert settings["core"]["preprocess_threads"] == 5 and settings["core"]["postprocess_in_sender"] is True
+    core = json.loads(files["vllm_core/1/settings.json"])
+    assert core["plain"] is False and core["engine_clients"] == {"engine_model": "vllm_core", "first": 0, "total": 5}
+    assert core["core"]["preprocess_threads"] == 0  # the streaming ensemble keeps its preprocess model
+    stages = json.loads(files["vllm_model/1/stages.json"])
+    # the same stages as the preprocess model's and the core's (which runs the postprocess in its senders)
+    assert stages == {
+        "preprocess": json.loads(files["preprocess/1/stage.json"]),
+        "postprocess": json.loads(files["vllm_core/1/stages.json"])["postprocess"],
+    }
+    assert stages["postprocess"]["class"] == "postprocess.vllm_backend:VllmBackendPostprocessor"
+    stream = files["vllm_model_stream/config.pbtxt"]
+    assert 'platform: "ensemble"' in stream and 'model_name: "vllm_core"' in stream
+    assert {rel.split("/")[0] for rel in files} == {"vllm_model", "vllm_model_stream", "preprocess", "vllm_core"}
+
+
+def test_plain_core_entry_shares_the_engine_so_it_cannot_restart_it(tmp_path: Path):
+    """With entry: plain-core the engine always has several front ends (the plain model's instances), even with one
+    core instance: the shared-engine rules apply, named for the entry."""
+    with pytest.raises(ConfigError, match="entry: plain-core shares one engine .* health.restart_engine: false"):
+        load_deployment(_config(tmp_path, entry="plain-core", engine_env={}))
+    with pytest.raises(ConfigError, match="entry: plain-core needs vLLM's EngineCore in its own process"):
+        load_deployment(_config(tmp_path, entry="plain-core", health={"restart_engine": False}))
+    ok = load_deployment(_config(tmp_path, entry="plain-core", engine_env={}, health={"restart_engine": False}))
+    assert ok.entry == "plain-core" and ok.generate.preprocess_threads == 4
+
+
 def test_unknown_entry_kind_is_refused(tmp_path: Path):
     with pytest.raises(ConfigError, match="entry: must be one of ensemble, bls, plain-bls"):
         load_deployment(_config(tmp_path, entry="sidecar"))
