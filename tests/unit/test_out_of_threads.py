@@ -36,7 +36,7 @@ def bench_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_python_instances_of_a_rendered_repository_are_counted(bench_repository: Path):
-    # 12 preprocess + 4 plain entry (entry: plain-bls) + 4 core front ends; the streaming ensemble has none
+    # 12 preprocess + 4 plain front ends (entry: plain-core) + 4 core front ends; the streaming ensemble has none
     assert python_instances(bench_repository) == 20
 
 
@@ -51,7 +51,8 @@ def test_a_config_that_does_not_parse_is_left_to_tritons_own_message(tmp_path: P
 def test_a_log_that_says_a_thread_could_not_start_gets_the_cause_and_the_count(bench_repository: Path):
     reason = out_of_threads(LOG, bench_repository)
     assert reason is not None and "ran out of threads" in reason
-    assert "thread-pool-size (512)" in reason and "has 20 (about 10240 threads)" in reason
+    # entry: plain-core: no model of it calls another by BLS, so the pool keeps the backend's default
+    assert "thread-pool-size (32)" in reason and "has 20 (about 640 threads)" in reason
     assert "instance counts or generate.max_in_flight" in reason and "pids.max" in reason
 
 
@@ -66,8 +67,10 @@ def _rendered(tmp_path: Path, generate: str) -> Path:
 
 def test_the_pool_is_sized_by_the_repositorys_bls_threads(bench_repository: Path, tmp_path: Path):
     # generate.max_in_flight (512 by default) worker threads each hold a BLS call: the pool is that large, and no
-    # larger, since tritonserver starts it for every Python instance (20 here).
-    assert python_backend_threads(bench_repository) == 512
+    # larger, since tritonserver starts it for every Python instance.
+    assert python_backend_threads(_rendered(tmp_path / "default", "{instances: 1}")) == 512
+    # the GPU benchmark deployment (entry: plain-core) has no BLS caller: the backend's default
+    assert python_backend_threads(bench_repository) == 32
     assert python_backend_threads(_rendered(tmp_path / "a", "{instances: 4, max_in_flight: 128}")) == 128
     # never below the Python backend's own default
     assert python_backend_threads(_rendered(tmp_path / "b", "{max_in_flight: 8}")) == 32
