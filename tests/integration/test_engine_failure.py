@@ -111,10 +111,15 @@ def _assert_server_up(server) -> None:
         pytest.fail(f"tritonserver exited with {server.process.returncode}; the end of its log:\n{tail}")
 
 
-def _core_admitted(client) -> int:
+def _core_admitted(client, timeout: float | None = None) -> int:
     """Requests of the core that Triton counted so far: at the core's execute, or only once they ended (a decoupled
-    model's requests were counted either way on the CI machine)."""
-    stats = client.get_inference_statistics(CORE_MODEL, as_json=True)
+    model's requests were counted either way on the CI machine). -1 if Triton did not answer within `timeout` s."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        stats = client.get_inference_statistics(CORE_MODEL, as_json=True, client_timeout=timeout)
+    except InferenceServerException:  # deadline exceeded
+        return -1
     return sum(int(entry.get("inference_count", 0)) for entry in stats.get("model_stats", []))
 
 
@@ -138,8 +143,10 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
         thread.start()
     # Killed once Triton counted every request in the core, or ADMIT_SECONDS after they were sent, long before the
     # 6-9 s they take together on the CI machine (a count that comes only when they end would wait that long).
+    # The statistics call has a deadline of its own: once it waited ~8 s under these requests on the CI machine, so
+    # that the kill came after all of them had finished.
     deadline = started_at + ADMIT_SECONDS
-    while _core_admitted(client) < admitted + IN_FLIGHT and time.monotonic() < deadline:
+    while (left := deadline - time.monotonic()) > 0 and _core_admitted(client, left) < admitted + IN_FLIGHT:
         time.sleep(0.05)
     killed_at = time.monotonic()
     os.kill(engine, signal.SIGKILL)
