@@ -129,11 +129,16 @@ class CoreModelSettings(CoreSettings):
 
     @model_validator(mode="after")
     def _shared_engine_across_models(self) -> CoreModelSettings:
-        clients = self.engine_clients
-        problem = shared_engine_problem(self, clients.total if clients else 1, "entry: plain-core")
-        if problem:
-            raise ValueError(problem)
+        if self.engine_clients is not None:
+            problem = shared_engine_problem(self, self.engine_clients.total, "entry: plain-core")
+            if problem:
+                raise ValueError(problem)
         return self
+
+    def clients_of(self, model_name: str) -> EngineClients:
+        """The front ends of the engine this model serves: its own (`core.front_ends`, named after it) unless the
+        renderer wrote them (the core's, for entry: plain-core)."""
+        return self.engine_clients or EngineClients(engine_model=model_name, first=0, total=self.core.front_ends)
 
 
 class GenerateSettings(Settings):

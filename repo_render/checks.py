@@ -71,8 +71,7 @@ def check_deployment(deployment: Deployment) -> None:
         )
     if deployment.entry == "plain-core":
         # The plain model's instances are front ends of the core's engine too: always more than one.
-        clients = deployment.core.front_ends + deployment.generate.instances
-        problem = shared_engine_problem(deployment, clients, "entry: plain-core")
+        problem = shared_engine_problem(deployment, deployment.engine_front_ends, "entry: plain-core")
         if problem:
             raise ConfigError(problem)
     for key, stage in (("postprocess_in_sender", "postprocess"), ("preprocess_threads", "preprocess")):

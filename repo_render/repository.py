@@ -259,7 +259,7 @@ def _plain_core(
     """entry: plain-core: the core's settings, and the plain public model as the core's adapter (not decoupled)
     whose generate.instances instances are front ends of the core's engine after the core's own."""
     names, core = deployment.names, deployment.core
-    clients = core.front_ends + deployment.generate.instances
+    clients = deployment.engine_front_ends
     shared = core_settings(deployment).model_dump()
     core_model = CoreModelSettings(
         **shared, engine_clients=EngineClients(engine_model=names.core, first=0, total=clients)

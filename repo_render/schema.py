@@ -142,6 +142,12 @@ class Deployment(CoreSettings, Section):
     _base_dir: Path = PrivateAttr(default=ROOT)
 
     @property
+    def engine_front_ends(self) -> int:
+        """The front ends of the core's one engine: the core's instances, and with entry: plain-core the plain
+        model's too."""
+        return self.core.front_ends + (self.generate.instances if self.entry == "plain-core" else 0)
+
+    @property
     def base_dir(self) -> Path:
         return self._base_dir
 

@@ -93,19 +93,13 @@ class CoreModel:
         prepare_process_environment()  # before anything imports vLLM
         engine_args = load_engine_args(model_dir / ENGINE_ARGS_FILE)
         # Whose engine this is: this model's own, or the core's (the plain model of entry: plain-core)
-        clients = settings.engine_clients
-        engine_model = clients.engine_model if clients else args["model_name"]
-        fe = front_end(
-            clients.total if clients else settings.core.front_ends,
-            args.get("model_instance_name", ""),
-            engine_model,
-            first=clients.first if clients else 0,
-        )
+        clients = settings.clients_of(args["model_name"])
+        fe = front_end(clients.total, args.get("model_instance_name", ""), clients.engine_model, first=clients.first)
         self._metrics: TritonMetrics | None = None
         sinks: list[StatsSink] = []
         if settings.metrics:
             # The engine's metrics, in its model's series (the plain model of entry: plain-core: the core's)
-            labels = {"model": engine_model, "version": args["model_version"]}
+            labels = {"model": clients.engine_model, "version": args["model_version"]}
             # Several front ends share these metrics (Triton's, by name and labels): gauges newest-first.
             self._metrics = TritonMetrics(labels, None if fe is None else GaugeClock(fe.gauge_clock_path))
             sinks.append(self._metrics.buffer)

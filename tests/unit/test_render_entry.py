@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.settings import CoreModelSettings, EngineClients
 from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render
 
 
@@ -77,6 +78,11 @@ def test_plain_core_entry_renders_the_core_adapter_as_the_plain_model(tmp_path: 
     assert settings["core"]["preprocess_threads"] == 5 and settings["core"]["postprocess_in_sender"] is True
     core = json.loads(files["vllm_core/1/settings.json"])
     assert core["plain"] is False and core["engine_clients"] == {"engine_model": "vllm_core", "first": 0, "total": 5}
+    # what the adapters make of them: the plain model serves the core's engine; a core without them, its own
+    plain_settings = CoreModelSettings.model_validate_json(files["vllm_model/1/settings.json"])
+    assert plain_settings.clients_of("vllm_model") == EngineClients(engine_model="vllm_core", first=2, total=5)
+    own = CoreModelSettings(core={"front_ends": 2}, health={"restart_engine": False})
+    assert own.clients_of("vllm_core") == EngineClients(engine_model="vllm_core", first=0, total=2)
     assert core["core"]["preprocess_threads"] == 0  # the streaming ensemble keeps its preprocess model
     stages = json.loads(files["vllm_model/1/stages.json"])
     # the same stages as the preprocess model's and the core's (which runs the postprocess in its senders)
