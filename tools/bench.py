@@ -6,7 +6,7 @@ same model, engine args and engine environment (those of one deployment file).
         [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge]
         [--interleave] [--profile] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
-        [--background-load-alternate] [--out .bench]
+        [--background-load-alternate] [--out .bench] [--report]
 
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
@@ -50,8 +50,11 @@ one tritonserver every Triton path; `--reps` repeats the levels inside. By defau
 path's levels one after the other. --interleave starts every engine first (they must fit the GPU together) and
 measures each level on every path in turn (in the reverse order every other repetition of the level, merged
 commands included), so the paths compared are measured seconds apart, not minutes: the table's "paired" column,
-and the targets where it exists, is the median over the repetitions of each one's ratio. `--merge` adds this
-command's runs to OUT/results.json (a long run split over several commands: one table and plot in the end).
+and the targets where it exists, is the median over the repetitions of each one's ratio (each repetition's is
+printed with a target; a target is judged "met" or "NOT met" from 3 repetitions, the performance issue's rule, and
+"not judged" from fewer). `--merge` adds this command's runs to OUT/results.json (a long run split over several
+commands: one table and plot in the end); `--report` measures nothing and prints OUT/results.json's table and
+targets (a run merged on other machines, or one an older bench judged).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
 --max-requests, 512); one warm-up round per path and level is not counted. A level's streams start together, so
@@ -1006,14 +1009,10 @@ class ResultsFile:
 
     def document(self) -> dict[str, Any]:
         everything = self.earlier + self.results
-        rows = summarize(everything)
         return {
             "commands": self.commands,
             "deployment": self.deployment,
-            "summary": rows,
-            "targets": target_lines(rows),
-            "noise": noise_lines(everything),
-            "background_load": load_lines(everything),
+            **judged(everything),
             "runs": [asdict(r) for r in everything],
         }
 
@@ -1022,6 +1021,17 @@ class ResultsFile:
         partial = self.path.with_name(self.path.name + ".partial")
         partial.write_text(json.dumps(self.document(), indent=1))
         partial.replace(self.path)
+
+
+def judged(runs: list[LevelResult]) -> dict[str, Any]:
+    """What a run's runs say: the table's rows, the targets, the machine's spread and the background load's effect."""
+    rows = summarize(runs)
+    return {
+        "summary": rows,
+        "targets": target_lines(rows),
+        "noise": noise_lines(runs),
+        "background_load": load_lines(runs),
+    }
 
 
 def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
@@ -1041,7 +1051,8 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
         base = tps.get((baseline_of(path), max_tokens, concurrency))
         steps = [r.engine_steps for r in reps if r.engine_steps]
         detailed = [x for x in steps if x.get("detailed_steps")]  # with vLLM's iteration details
-        paired = paired_ratios(by_round.get((max_tokens, concurrency), {}), path)
+        series = paired_series(by_round.get((max_tokens, concurrency), {}), path)
+        paired = {other: statistics.median(ratios) for other, ratios in series.items()}
         rows.append(
             {
                 "path": path,
@@ -1057,6 +1068,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 # the median of this path's tok/s over the other's in the same rounds (see LevelResult.round_id)
                 "paired_ratio": paired.get(baseline_of(path)),
                 "paired_ratios": paired,
+                "paired_series": series,  # each round's ratio, in round order
                 "ttft_p50_ms": _ms(percentile(ttfts, 50)),
                 "ttft_p99_ms": _ms(percentile(ttfts, 99)),
                 "e2e_p50_ms": _ms(percentile(latencies, 50)),
@@ -1083,16 +1095,21 @@ def tokens_per_round(results: list[LevelResult]) -> dict[tuple[int, int], dict[s
     return by_round
 
 
-def paired_ratios(rounds: dict[str, dict[str, float]], path: str) -> dict[str, float]:
-    """For one level, `path`'s tok/s over each other path's, as the median of the ratios of the rounds in which both
-    were measured (path -> round -> tok/s)."""
+def _round_order(round_id: str) -> tuple[int, ...]:
+    """LevelResult.round_id ("command.repetition") as numbers: "10.0" after "2.1"."""
+    return tuple(int(part) for part in round_id.split("."))
+
+
+def paired_series(rounds: dict[str, dict[str, float]], path: str) -> dict[str, list[float]]:
+    """For one level, `path`'s tok/s over each other path's in every round in which both were measured, in round
+    order (path -> round -> tok/s); the paired ratio is their median."""
     mine = rounds.get(path, {})
-    ratios = {}
+    series = {}
     for other, theirs in rounds.items():
-        common = sorted(set(mine) & set(theirs))
+        common = sorted(set(mine) & set(theirs), key=_round_order)
         if other != path and common:
-            ratios[other] = statistics.median(mine[r] / theirs[r] for r in common)
-    return ratios
+            series[other] = [mine[r] / theirs[r] for r in common]
+    return series
 
 
 def engine_detail_columns(steps: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -1202,6 +1219,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
+# The performance issue's rule: each target is judged by the median of 3 paired repetitions of one run; a ratio
+# from fewer is printed, not judged.
+TARGET_REPETITIONS = 3
+
 # The performance issue's targets: (our path, the path it is held against, the minimum ratio, the levels).
 TARGETS = (
     ("plain-grpc", "bare", 0.95, (64, 256)),
@@ -1260,13 +1281,16 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
             if against is None:
                 continue
             # Paired repetitions where there are any: the machine's drift between them is smaller.
-            paired = row.get("paired_ratios", {}).get(other)
-            ratio = paired if paired is not None else row["tokens_per_s"] / against["tokens_per_s"]
-            verdict = "met" if ratio >= minimum else "NOT met"
-            how = "paired" if paired is not None else "of medians"
+            series = row.get("paired_series", {}).get(other)
+            if series:
+                ratio, repetitions = statistics.median(series), len(series)
+                how = "paired (" + " ".join(f"{x:.2f}" for x in series) + "; "
+            else:
+                ratio, repetitions = row["tokens_per_s"] / against["tokens_per_s"], min(row["reps"], against["reps"])
+                how = "of medians ("
             lines.append(
-                f"{ours} / {other} at {max_tokens} tokens x {concurrency}: {ratio:.2f} {how} (target >= {minimum})"
-                f" {verdict}"
+                f"{ours} / {other} at {max_tokens} tokens x {concurrency}: {ratio:.2f} {how}target >= {minimum})"
+                f" {_verdict(ratio >= minimum, repetitions)}"
             )
     for max_tokens, concurrency in [(m, c) for (p, m, c) in by_key if p == "stream-grpc"]:
         ours, base = (
@@ -1275,17 +1299,26 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
         )
         if base is None or ours["ttft_p50_ms"] is None or base["ttft_p50_ms"] is None or concurrency not in (1, 256):
             continue
+        repetitions = min(ours["reps"], base["reps"])  # each p50 is over all of a path's repetitions' first tokens
         if concurrency == 1:
             added = ours["ttft_p50_ms"] - base["ttft_p50_ms"]
-            verdict = "met" if added <= 5 else "NOT met"
             lines.append(
-                f"TTFT p50 at {max_tokens} tokens x 1: +{added:.1f} ms over bare-stream (target <= 5) {verdict}"
+                f"TTFT p50 at {max_tokens} tokens x 1: +{added:.1f} ms over bare-stream (target <= 5)"
+                f" {_verdict(added <= 5, repetitions)}"
             )
         else:
             ratio = ours["ttft_p50_ms"] / base["ttft_p50_ms"]
-            verdict = "met" if ratio <= 1.5 else "NOT met"
-            lines.append(f"TTFT p50 at {max_tokens} tokens x 256: {ratio:.2f}x bare-stream (target <= 1.5) {verdict}")
+            lines.append(
+                f"TTFT p50 at {max_tokens} tokens x 256: {ratio:.2f}x bare-stream (target <= 1.5)"
+                f" {_verdict(ratio <= 1.5, repetitions)}"
+            )
     return lines
+
+
+def _verdict(holds: bool, repetitions: int) -> str:
+    if repetitions < TARGET_REPETITIONS:
+        return f"not judged ({repetitions} of {TARGET_REPETITIONS} repetitions)"
+    return "met" if holds else "NOT met"
 
 
 def plot(rows: list[dict[str, Any]], target: Path) -> None:
@@ -1544,6 +1577,34 @@ async def measure_all(
     progress.close()
 
 
+def report(doc: dict[str, Any], results_path: Path, plot_path: Path) -> None:
+    """Print a run's table, its targets and the machine's spread, and draw its plot."""
+    plot(doc["summary"], plot_path)
+    print_table(doc["summary"])
+    print()
+    for line in doc["targets"]:
+        print(line)
+    if doc["noise"]:
+        print("\nthe machine's own spread of a paired ratio (the same engine's two paths, seconds apart):")
+        for line in doc["noise"]:
+            print(line)
+    if doc["background_load"]:
+        print("\n--background-load-alternate, each path's loaded repetition over its unloaded one before it:")
+        for line in doc["background_load"]:
+            print(line)
+    print(f"\nresults: {results_path}  plot: {plot_path}")
+
+
+def report_only(out: Path) -> int:
+    """--report: OUT/results.json as this bench judges it now (a run merged over commands and machines, or one made
+    by an older bench), without measuring anything."""
+    path = out / "results.json"
+    if not path.exists():
+        raise SystemExit(f"bench: --report: no {path}")
+    report(judged(_runs_of(json.loads(path.read_text()))), path, out / "bench.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deployment", type=Path, help="the deployment file to render and measure")
@@ -1582,6 +1643,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-stream-model", action="append", default=[])
     parser.add_argument("--vllm-backend", type=Path, help="src/ of a triton-inference-server/vllm_backend checkout")
     parser.add_argument("--merge", action="store_true", help="add this run to OUT/results.json instead of replacing")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="measure nothing: print OUT/results.json's table and targets and draw its plot",
+    )
     parser.add_argument(
         "--interleave",
         action="store_true",
@@ -1660,6 +1726,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.front_ends_launcher:
         front_ends_launcher(json.loads(args.front_ends_launcher.read_text()), *worker_streams())
         return 0
+    if args.report:
+        return report_only(args.out)
     args.variables = dict(args.set)
 
     results = ResultsFile(
@@ -1682,21 +1750,7 @@ def main(argv: list[str] | None = None) -> int:
         stopped = exc
         traceback.print_exc()
     # Written after each level already; a run that measured nothing leaves an earlier file as it was.
-    doc = results.document()
-    plot(doc["summary"], args.out / "bench.png")
-    print_table(doc["summary"])
-    print()
-    for line in doc["targets"]:
-        print(line)
-    if doc["noise"]:
-        print("\nthe machine's own spread of a paired ratio (the same engine's two paths, seconds apart):")
-        for line in doc["noise"]:
-            print(line)
-    if doc["background_load"]:
-        print("\n--background-load-alternate, each path's loaded repetition over its unloaded one before it:")
-        for line in doc["background_load"]:
-            print(line)
-    print(f"\nresults: {results.path}  plot: {args.out / 'bench.png'}")
+    report(results.document(), results.path, args.out / "bench.png")
     if stopped is not None:
         reason = "interrupted" if isinstance(stopped, KeyboardInterrupt) else f"{type(stopped).__name__}: {stopped}"
         print(f"bench: stopped early ({reason}); the table holds what was measured")

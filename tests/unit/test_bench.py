@@ -132,12 +132,16 @@ def test_a_core_with_several_front_ends_shows_its_batch_and_prompt_steps_without
 
 def test_targets_say_met_or_not_per_level_and_judge_ttft():
     runs = [
-        _run("bare", 100, 256),
-        _run("plain-grpc", 96, 256),
-        _run("bare-stream", 100, 256, ttft=0.1),
-        _run("stream-grpc", 80, 256, ttft=0.2),
-        _run("bare-stream", 10, 1, ttft=0.010),
-        _run("stream-grpc", 10, 1, ttft=0.012),
+        run
+        for rep in range(3)
+        for run in (
+            _run("bare", 100, 256, rep),
+            _run("plain-grpc", 96, 256, rep),
+            _run("bare-stream", 100, 256, rep, ttft=0.1),
+            _run("stream-grpc", 80, 256, rep, ttft=0.2),
+            _run("bare-stream", 10, 1, rep, ttft=0.010),
+            _run("stream-grpc", 10, 1, rep, ttft=0.012),
+        )
     ]
     lines = target_lines(summarize(runs))
     assert "plain-grpc / bare at 256 tokens x 256: 0.96 of medians (target >= 0.95) met" in lines
@@ -146,13 +150,38 @@ def test_targets_say_met_or_not_per_level_and_judge_ttft():
     assert "TTFT p50 at 256 tokens x 256: 2.00x bare-stream (target <= 1.5) NOT met" in lines
 
 
+def test_a_target_is_judged_from_three_repetitions_not_fewer():
+    """The issue's rule is the median of 3 repetitions: a ratio from fewer is printed, and said to be unjudged."""
+    runs = [_paired("bare", 100, "0.0"), _paired("plain-grpc", 99, "0.0")]
+    runs += [_paired("bare-stream", 100, "0.0"), _paired("stream-grpc", 70, "0.0")]
+    runs += [_run("bare-stream", 10, 1, ttft=0.010), _run("stream-grpc", 10, 1, ttft=0.030)]
+    lines = target_lines(summarize(runs))
+    assert (
+        "plain-grpc / bare at 256 tokens x 256: 0.99 paired (0.99; target >= 0.95) not judged (1 of 3 repetitions)"
+        in lines
+    )
+    assert (
+        "stream-grpc / bare-stream at 256 tokens x 256: 0.70 paired (0.70; target >= 0.9)"
+        " not judged (1 of 3 repetitions)" in lines
+    )
+    assert (
+        "TTFT p50 at 256 tokens x 1: +20.0 ms over bare-stream (target <= 5) not judged (1 of 3 repetitions)" in lines
+    )
+    # the second and third repetitions (the third in another command: round 10.0 comes after 2.1, not before it)
+    runs += [_paired("bare", 200, "2.1"), _paired("plain-grpc", 180, "2.1")]
+    runs += [_paired("bare", 100, "10.0"), _paired("plain-grpc", 97, "10.0")]
+    assert "plain-grpc / bare at 256 tokens x 256: 0.97 paired (0.99 0.90 0.97; target >= 0.95) met" in target_lines(
+        summarize(runs)
+    )
+
+
 def _paired(path: str, tokens_per_s: float, round_id: str) -> LevelResult:
     run = _run(path, tokens_per_s, 256)
     run.round_id = round_id
     return run
 
 
-def test_paired_ratio_is_the_median_of_each_rounds_ratio_and_judges_the_targets():
+def test_paired_ratio_is_the_median_of_each_rounds_ratio():
     # The machine drifts between rounds: bare 100 then 200. Each round's ratio is 0.96; the ratio of the medians
     # mixes rounds (a third round of ours alone, unpaired, pulls its median up).
     runs = [
@@ -162,10 +191,11 @@ def test_paired_ratio_is_the_median_of_each_rounds_ratio_and_judges_the_targets(
     ]  # fmt: skip
     rows = {row["path"]: row for row in summarize(runs)}
     assert rows["plain-grpc"]["paired_ratio"] == pytest.approx(0.96)
+    assert rows["plain-grpc"]["paired_series"] == {"bare": [pytest.approx(0.96), pytest.approx(0.96)]}
     assert rows["plain-grpc"]["ratio"] == pytest.approx(192 / 150)
     assert rows["bare"]["paired_ratios"] == {"plain-grpc": pytest.approx(1 / 0.96)}
-    assert "plain-grpc / bare at 256 tokens x 256: 0.96 paired (target >= 0.95) met" in target_lines(
-        list(rows.values())
+    assert "plain-grpc / bare at 256 tokens x 256: 0.96 paired (0.96 0.96; target >= 0.95) not judged (2 of 3" in (
+        "\n".join(target_lines(list(rows.values())))
     )
 
 
@@ -186,6 +216,22 @@ def test_a_results_file_names_each_run_by_its_command_and_repetition(tmp_path: P
     third = ResultsFile(tmp_path / "results.json", merge=True, command="bench c", deployment="d")
     assert third.repetitions_done({"max_tokens": 256, "concurrency": 64}) == 3
     assert third.repetitions_done({"max_tokens": 64, "concurrency": 64}) == 0
+
+
+def test_report_judges_a_results_file_without_measuring(tmp_path: Path, capsys):
+    """--report: a run merged over commands (or made by an older bench) printed as this bench judges it."""
+    from tools.bench import main
+
+    results = ResultsFile(tmp_path / "results.json", merge=False, command="bench a", deployment="d")
+    for rep in range(3):
+        results.add(_run("bare", 100, rep=rep))
+        results.add(_run("plain-grpc", 90 + rep, rep=rep))
+    assert main(["--report", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "plain-grpc / bare at 256 tokens x 64: 0.91 paired (0.90 0.91 0.92; target >= 0.95) NOT met" in out
+    assert (tmp_path / "bench.png").exists()
+    with pytest.raises(SystemExit, match="no .*results.json"):
+        main(["--report", "--out", str(tmp_path / "elsewhere")])
 
 
 class _Group:
