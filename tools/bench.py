@@ -870,7 +870,12 @@ def bench_repository(
         core = deployment.core.model_copy(update={"preprocess_threads": 0})
         names = deployment.names.model_copy(update={"streaming": preprocess_model_stream})
         staged = deployment.model_copy(update={"core": core, "names": names})
-        _add_variant_model(files, render(staged, repo), preprocess_model_stream, "--preprocess-model-stream")
+        staged_files = render(staged, repo)
+        _add_variant_model(files, staged_files, preprocess_model_stream, "--preprocess-model-stream")
+        if not any(rel.startswith(deployment.names.preprocess + "/") for rel in files):
+            # Nothing of the deployment calls the preprocess model (the plain path does not: entry plain-core or
+            # plain-bls), so it was not rendered: the added ensemble's first step is taken too.
+            _add_variant_model(files, staged_files, deployment.names.preprocess, "--preprocess-model-stream")
     if entry_plain is not None:
         if deployment.entry not in ("ensemble", "plain-core"):
             raise SystemExit(

@@ -477,6 +477,13 @@ def test_preprocess_model_stream_adds_the_streaming_ensemble_through_the_preproc
         bench_repository(tmp_path / "out3", in_core, {}, preprocess_model_stream="preprocess")
     with pytest.raises(SystemExit, match="needs a deployment with core.preprocess_threads"):
         bench_repository(tmp_path / "out2", DEFAULT_CONFIG, {}, preprocess_model_stream="via_preprocess")
+    # A plain path that does not use the preprocess model either (the entry model runs the stage): the deployment
+    # renders none, so the added ensemble's first step comes with it.
+    alone = tmp_path / "alone.yaml"
+    alone.write_text(in_core.read_text() + "entry: plain-bls\n")
+    assert not (bench_repository(tmp_path / "out4", alone, {}).repo / "preprocess").exists()
+    setup = bench_repository(tmp_path / "out5", alone, {}, preprocess_model_stream="via_preprocess")
+    assert (setup.repo / "preprocess" / "config.pbtxt").is_file() and (setup.repo / "preprocess" / "1").is_dir()
 
 
 def _request_starts(stagger: float, phase: float = 0.0) -> list[float]:
