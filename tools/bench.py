@@ -1057,7 +1057,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
         steps = [r.engine_steps for r in reps if r.engine_steps]
         detailed = [x for x in steps if x.get("detailed_steps")]  # with vLLM's iteration details
         series = paired_series(by_round.get((max_tokens, concurrency), {}), path)
-        paired = {other: statistics.median(ratios) for other, ratios in series.items()}
+        against_baseline = series.get(baseline_of(path))
         rows.append(
             {
                 "path": path,
@@ -1070,10 +1070,9 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "requests_per_s": statistics.median(r.requests / r.wall for r in reps),
                 "baseline": baseline_of(path),
                 "ratio": statistics.median(mine) / statistics.median(base) if base else None,
-                # the median of this path's tok/s over the other's in the same rounds (see LevelResult.round_id)
-                "paired_ratio": paired.get(baseline_of(path)),
-                "paired_ratios": paired,
-                "paired_series": series,  # each round's ratio, in round order
+                # the median of this path's tok/s over the baseline's in the same rounds (see LevelResult.round_id)
+                "paired_ratio": statistics.median(against_baseline) if against_baseline else None,
+                "paired_series": series,  # other path -> each common round's ratio, in round order
                 "ttft_p50_ms": _ms(percentile(ttfts, 50)),
                 "ttft_p99_ms": _ms(percentile(ttfts, 99)),
                 "e2e_p50_ms": _ms(percentile(latencies, 50)),
@@ -1606,7 +1605,7 @@ def report_only(out: Path) -> int:
     path = out / "results.json"
     if not path.exists():
         raise SystemExit(f"bench: --report: no {path}")
-    report(judged(_runs_of(json.loads(path.read_text()))), path, out / "bench.png")
+    report(judged(load_runs(path)), path, out / "bench.png")
     return 0
 
 
