@@ -48,6 +48,7 @@ from core.metrics import GaugeClock, StatsSink, profiled_engine_args, stat_logge
 from core.protocol import EngineRequest, EngineResponse, decode_request, encode_response
 from core.settings import STAGES_FILE, CoreModelSettings, load_settings
 from core.step_stats import EngineSteps
+from core.warm_up import STATS_SECONDS, FinishWatch, warm_up
 
 # What a BLS caller of the core (an entry model, generate) may ask of it besides the engine request
 CONTROL_PARAMETERS = frozenset((ABORT_PARAMETER, CANCEL_KEY_PARAMETER, CODE_TAG_PARAMETER))
@@ -111,6 +112,10 @@ class CoreModel:
         lags = EngineLags() if profiling else None
         if steps is not None:
             sinks.append(steps)
+        # Last: it tells when the warm-up request's statistics have reached the sinks before it (core/warm_up.py)
+        finish_watch = FinishWatch() if sinks else None
+        if finish_watch is not None:
+            sinks.append(finish_watch)
         if profiling:
             engine_args = profiled_engine_args(engine_args)
         # The engine's processes are the children of the front end that launched them.
@@ -127,8 +132,6 @@ class CoreModel:
             front_end=fe,
         )
         self.engine.start()
-        if self._metrics is not None:
-            self._metrics.start()
         # Responses are built and sent from sender threads, so the engine's event loop never waits on Triton IPC,
         # and a stream's deltas that queue up meanwhile go out merged (core/coalesce.py). Each send is a blocking
         # round trip to tritonserver with the GIL released (python_backend's ResponseSender::Send): several
@@ -156,6 +159,9 @@ class CoreModel:
                 )
             if settings.core.postprocess_in_sender:
                 self.postprocess = LoadedStage(specs["postprocess"], root)
+        self._warm_up(finish_watch, steps, lags)
+        if self._metrics is not None:
+            self._metrics.start()
         self.stats = CoreStats.from_environment(self.logger, steps, lags, fe.describe() if fe else "")
         self._outboxes: list[queue.SimpleQueue[Outgoing | None]] = [
             queue.SimpleQueue() for _ in range(settings.core.sender_threads)
@@ -168,6 +174,31 @@ class CoreModel:
         for thread in self._sender_threads:
             thread.start()
         freeze_startup_heap()  # the engine, torch, vLLM: out of the cycle collector's sight (core/gc_heap.py)
+
+    def _warm_up(self, finish_watch: FinishWatch | None, steps: EngineSteps | None, lags: EngineLags | None) -> None:
+        """This front end's first request, before Triton calls the model ready (core/warm_up.py); the stat sinks
+        then forget it, so vLLM's counters and the core's own count the clients' requests only."""
+        start = time.perf_counter()
+        responses, problem = warm_up(self.engine, stream=not self.plain)
+        if problem is None and self.postprocess is not None and responses:
+            inputs = {ENGINE_RESPONSE.name: document_array(ENGINE_RESPONSE, encode_response(responses[-1]))}
+            try:
+                self.postprocess.run_numpy(inputs, {})
+            except Exception as exc:  # noqa: BLE001 - a stage of the deployment's own may want other parameters
+                problem = f"postprocess: {type(exc).__name__}: {exc}"
+        if problem is None and finish_watch is not None and not finish_watch.wait_finished(1, STATS_SECONDS):
+            problem = "its statistics did not arrive"
+        if self._metrics is not None:
+            self._metrics.buffer.drain()
+        if steps is not None:
+            steps.snapshot()
+        if lags is not None:
+            lags.snapshot()
+        took = 1000 * (time.perf_counter() - start)
+        if problem is None:
+            self.logger.log_info(f"vllm_core: warmed up in {took:.0f} ms")
+        else:  # the model still loads: clients' first requests on this front end are then slower
+            self.logger.log_warn(f"vllm_core: the warm-up request {problem} ({took:.0f} ms)")
 
     def _place(self, placement: EnginePlacement) -> None:
         # The whole server: tritonserver (this stub's parent) with every stub, and the engine's processes.

@@ -79,6 +79,9 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         time.sleep(2.5)  # the core logs its counters every second, at the end of each interval
         # vLLM's line per request ("Added request ...") stays off, as with one front end (enable_log_requests)
         assert "Added request" not in log.read_text(errors="replace")
+        # Each front end sent its warm-up request before the model was ready (core/warm_up.py), and the counters
+        # below count the clients' requests alone
+        assert log.read_text(errors="replace").count("vllm_core: warmed up in") == FRONT_ENDS
         served = {int(m[2]) for m in _STATS.finditer(log.read_text(errors="replace")) if int(m[1]) > 0}
         assert served == set(range(FRONT_ENDS)), f"front ends that took requests: {served}"
         # Each front end counts the engine steps whose statistics vLLM handed it, untimed; together they count
