@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.protocol import EngineResponse, SequenceDelta
+from core.warm_up import WARM_UP_PROMPT, WARM_UP_SAMPLING
+
 FINAL_FLAG = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -25,6 +28,7 @@ class FakeEngine:
         self.created.append({"engine_args": engine_args, **kwargs})
         self.cancelled: list[str] = []
         self.submitted: list[Any] = []  # the EngineRequests, in order
+        self.warm_ups: list[Any] = []  # the core's own warm-up requests (core/warm_up.py), answered at once
 
     def start(self) -> None:
         pass
@@ -36,6 +40,11 @@ class FakeEngine:
         self.cancelled.append(request_id)
 
     def submit(self, request: Any, emit: Any, cancelled: Any, key: str = "") -> str:
+        if request.prompt_token_ids == list(WARM_UP_PROMPT) and request.sampling == WARM_UP_SAMPLING:
+            self.warm_ups.append(request)
+            delta = SequenceDelta(index=0, text="", token_ids=[0, 0], finish_reason="length")
+            emit(EngineResponse(outputs=[delta], num_input_tokens=len(WARM_UP_PROMPT), finished=True), None, True)
+            return "warm-up"
         self.submitted.append(request)
         return f"triton-{len(self.submitted)}"
 

@@ -51,6 +51,8 @@ def test_the_streaming_ensembles_request_is_preprocessed_in_the_core(core, tiny_
     from transformers import AutoTokenizer
 
     model, _ = core
+    # Before any client's request: the core's own warm-up, streamed as the streaming ensemble's (core/warm_up.py)
+    assert [r.stream for r in model.engine.warm_ups] == [True]
     request = Request(_public("The quick brown fox", {"temperature": 0, "max_tokens": 7}), requested=("text_output",))
     model.execute([request])
     (submitted,) = _submitted(model, 1)
