@@ -1,8 +1,8 @@
 """A front end's first request, made by the core itself before Triton calls the model ready.
 
 Measured (docs/performance-gpu.md): after a server starts, the first request each front end serves is slower than
-the ones after it (on the H100 a first token of 36-67 ms against 13-24 at one stream; on a 2-core CPU 24-27 ms
-against 14-18 for a plain request), something done once in that process's engine client. So each front end sends
+the ones after it (on the H100 a first token of 36-67 ms against 13-24 at one stream; on a 2-core CPU a plain
+request's median 24 ms against 16), something done once in that process's engine client. So each front end sends
 one short request through its own engine client at start. vLLM's statistics of it are not the clients': the stat
 sinks drop it once `FinishWatch`, the last sink, has seen it finish.
 Triton-free, so unit tests reach it.
