@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -360,9 +360,15 @@ class RenderedChat:
 
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], options: ChatOptions, template: str | None, image_placeholder: str
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    options: ChatOptions,
+    template: str | None,
+    image_placeholder: str,
+    encode: Callable[[str, bool], list[int]] | None = None,
 ) -> RenderedChat:
-    """Render with the template (request > deployment > tokenizer's) and tokenize as vLLM's chat path does."""
+    """Render with the template (request > deployment > tokenizer's) and tokenize as vLLM's chat path does
+    (`encode(text, add_special_tokens)`: preprocess/tokenize.py's, or the tokenizer's own)."""
     template = options.chat_template or template or getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # a tokenizer with named templates: vLLM and transformers take "default"
         template = template.get("default")
@@ -395,5 +401,8 @@ def render_chat(
         raise InvalidInput(f"chat template failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(prompt, str):
         raise InvalidInput("chat template: did not render to a string")
-    token_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return RenderedChat(prompt, list(token_ids), conversation.image_sources)
+    if encode is None:
+        token_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    else:
+        token_ids = encode(prompt, False)
+    return RenderedChat(prompt, token_ids, conversation.image_sources)

@@ -25,6 +25,7 @@ from core.stage import parse_bool, string_scalar
 from preprocess.base import REQUEST_OPTION_INPUTS, EnginePreprocessor
 from preprocess.chat import CHAT_OPTION_KEYS, parse_chat_options, parse_messages, render_chat
 from preprocess.images import ImageLimits, decode_images
+from preprocess.tokenize import TextEncoder
 
 
 class Preprocessor(EnginePreprocessor):
@@ -35,6 +36,7 @@ class Preprocessor(EnginePreprocessor):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+        self.encoder = TextEncoder(self.tokenizer)
         self.max_model_len: int | None = settings.get("max_model_len")
         self.chat_template = self._deployment_template(settings)
         self.allow_request_template = parse_bool(
@@ -73,14 +75,19 @@ class Preprocessor(EnginePreprocessor):
             if options_json is not None or chat_keys:
                 given = chat_keys[0] if chat_keys else tensors.CHAT_OPTIONS.name
                 raise InvalidInput(f"{given}: chat options apply to {tensors.MESSAGES.name} requests only")
-            return text, self.tokenizer.encode(text), tensor_images
+            return text, self.encoder.encode(text), tensor_images
         if tensor_images:
             raise InvalidInput(
                 f"{tensors.IMAGE.name}: with {tensors.MESSAGES.name}, send images as image_url parts of the messages"
             )
         options = parse_chat_options(options_json, parameters, allow_request_template=self.allow_request_template)
         rendered = render_chat(
-            self.tokenizer, parse_messages(messages), options, self.chat_template, self.image_placeholder
+            self.tokenizer,
+            parse_messages(messages),
+            options,
+            self.chat_template,
+            self.image_placeholder,
+            self.encoder.encode,
         )
         return rendered.prompt, rendered.token_ids, rendered.image_sources
 
