@@ -365,10 +365,10 @@ def render_chat(
     options: ChatOptions,
     template: str | None,
     image_placeholder: str,
-    encode: Callable[[str, bool], list[int]] | None = None,
+    encode: Callable[[str, bool], list[int]],
 ) -> RenderedChat:
-    """Render with the template (request > deployment > tokenizer's) and tokenize as vLLM's chat path does
-    (`encode(text, add_special_tokens)`: preprocess/tokenize.py's, or the tokenizer's own)."""
+    """Render with the template (request > deployment > tokenizer's) and tokenize as vLLM's chat path does, without
+    special tokens (`encode(text, add_special_tokens)`: preprocess/tokenize.py's TextEncoder.encode)."""
     template = options.chat_template or template or getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # a tokenizer with named templates: vLLM and transformers take "default"
         template = template.get("default")
@@ -401,8 +401,4 @@ def render_chat(
         raise InvalidInput(f"chat template failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(prompt, str):
         raise InvalidInput("chat template: did not render to a string")
-    if encode is None:
-        token_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    else:
-        token_ids = encode(prompt, False)
-    return RenderedChat(prompt, token_ids, conversation.image_sources)
+    return RenderedChat(prompt, encode(prompt, False), conversation.image_sources)

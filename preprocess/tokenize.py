@@ -1,7 +1,7 @@
 """Text -> token ids, the ids transformers' own `encode` gives, without its per-call wrapper.
 
 For a fast (Rust) tokenizer, `PreTrainedTokenizerFast.encode` reaches `tokenizers.Tokenizer.encode_batch` through
-Python that sets padding and truncation, builds character offsets and a BatchEncoding on every call: ~0.2-0.4 ms
+Python that sets padding and truncation, builds character offsets and a BatchEncoding on every call: ~0.2-0.35 ms
 of a ~400-token prompt's 0.7-1.1 ms on the CI machine (docs/performance-gpu.md). `encode_batch_fast` gives
 the same ids without offsets, and like `encode_batch` releases the GIL while it runs (the core's preprocess threads
 share their interpreter with its engine loop). The ids are compared with transformers' on probe texts at start-up;
