@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import selectors
 import time
 from pathlib import Path
 
@@ -486,32 +487,56 @@ def test_preprocess_model_stream_adds_the_streaming_ensemble_through_the_preproc
     assert (setup.repo / "preprocess" / "config.pbtxt").is_file() and (setup.repo / "preprocess" / "1").is_dir()
 
 
+class _JumpingSelector(selectors.DefaultSelector):
+    """Instead of waiting for the next timer, moves the loop's clock to it: timed coroutines run exactly on schedule,
+    however busy the machine (a real clock let a loaded CI machine run a sleep 54 ms late)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def select(self, timeout: float | None = None):  # type: ignore[override]
+        if timeout:
+            self.now += timeout
+        return super().select(0)
+
+
+class _VirtualClockLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        self._jumping = _JumpingSelector()
+        super().__init__(self._jumping)
+
+    def time(self) -> float:
+        return self._jumping.now
+
+
 def _request_starts(stagger: float, phase: float = 0.0) -> list[float]:
     """When each request of 4 streams x 2 requests started, relative to the level's start (a send takes 0.5 s)."""
     starts: list[float] = []
 
     async def send(prompt: Prompt, max_tokens: int) -> Sample:
-        starts.append(time.perf_counter())
+        starts.append(asyncio.get_running_loop().time())
         await asyncio.sleep(0.5)
         return Sample(0.5, None, max_tokens)
 
     async def level() -> float:
-        begun = time.perf_counter()
+        begun = asyncio.get_running_loop().time()
         await run_level(send, [Prompt([1], "a")], 4, 8, 16, stagger=stagger, phase=phase)
         return begun
 
-    begun = asyncio.run(level())
+    with asyncio.Runner(loop_factory=_VirtualClockLoop) as runner:
+        begun = runner.run(level())
     return [t - begun for t in starts]
 
 
 def test_stagger_spreads_the_streams_first_requests_over_it():
     # by default a level's streams start at once
-    assert _request_starts(0.0) == pytest.approx([0.0] * 4 + [0.5] * 4, abs=0.05)
+    assert _request_starts(0.0) == pytest.approx([0.0] * 4 + [0.5] * 4, abs=1e-6)
     # 4 streams over 0.4 s; each stream's second request follows its first, none takes a slot before its stream began
-    assert _request_starts(0.4) == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8], abs=0.05)
+    assert _request_starts(0.4) == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8], abs=1e-6)
     # the second of two client processes sharing a level: its streams (0.1, 0.3, 0.5, 0.7) fall between the first
     # one's; the last request takes the first slot freed (1.1, after the request that started at 0.6)
-    assert _request_starts(0.8, phase=0.5) == pytest.approx([0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.1], abs=0.05)
+    assert _request_starts(0.8, phase=0.5) == pytest.approx([0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.1], abs=1e-6)
 
 
 def _levels_from_the_command_line(tmp_path: Path, monkeypatch, key: str, *options: str) -> list:

@@ -20,7 +20,7 @@ def test_intake_counts_each_requests_first_output_and_return_every_output():
     snap = lags.snapshot()
     assert (snap.requests, snap.outputs) == (1, 2)
     assert snap.intake_ms == pytest.approx(10.0, abs=0.01)
-    assert 3.0 <= snap.return_ms < 50.0  # 4 and 2 ms ago, plus the time this test took
+    assert 3.0 <= snap.return_ms < 1000.0  # 4 and 2 ms ago, plus the time this test took (a loaded machine stalls)
     assert lags.snapshot() == LagSnapshot(0, 0.0, 0, 0.0)  # a snapshot starts the count again
 
 
