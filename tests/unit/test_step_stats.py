@@ -24,21 +24,23 @@ def _iteration(generated: int, prompt: int = 0) -> SimpleNamespace:
     return SimpleNamespace(num_generation_tokens=generated, num_prompt_tokens=prompt)
 
 
-def test_a_snapshot_counts_steps_batch_and_tokens_and_the_time_steps_took():
+def test_a_snapshot_counts_steps_batch_and_tokens_and_the_time_steps_took(monkeypatch):
+    clock = [100.0]  # the module's perf_counter, moved by hand: exact on however busy a machine
+    monkeypatch.setattr("core.step_stats.time.perf_counter", lambda: clock[0])
     steps = EngineSteps()
     steps.record(_scheduler(4, waiting=2), _iteration(0, prompt=400))  # a prefill step
-    time.sleep(0.02)
+    clock[0] += 0.02
     steps.record(_scheduler(4), _iteration(4))
-    time.sleep(0.02)
+    clock[0] += 0.02
     steps.record(_scheduler(0), _iteration(2))  # the last two finished: nothing runs after it
-    time.sleep(0.05)  # idle: not the engine's steps' time
+    clock[0] += 0.05  # idle: not the engine's steps' time
     steps.record(None, _iteration(1))  # an output without scheduler statistics is no step
     snap = steps.snapshot()
     assert (snap.steps, snap.running_max, snap.generation_tokens, snap.prompt_tokens) == (3, 4, 7, 400)
     assert snap.running_mean == pytest.approx(8 / 3)
     assert snap.waiting_mean == pytest.approx(2 / 3)
-    assert 0.04 <= snap.busy_seconds < 0.09  # the two gaps after steps with requests running, not the idle time
-    assert snap.seconds >= 0.09
+    assert snap.busy_seconds == pytest.approx(0.04)  # the two gaps after steps with requests running, not the idle
+    assert snap.seconds == pytest.approx(0.09)
     assert snap.steps_per_second == pytest.approx(3 / snap.busy_seconds)
     after = steps.snapshot()  # counting starts again
     assert (after.steps, after.generation_tokens, after.busy_seconds) == (0, 0, 0.0)
