@@ -3,7 +3,8 @@ same model, engine args and engine environment (those of one deployment file).
 
     .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
-        [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR] [--merge]
+        [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR]
+        [--merge [--fill-to 3]]
         [--interleave] [--profile] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
         [--background-load-alternate] [--out .bench] [--report]
@@ -53,8 +54,9 @@ commands included), so the paths compared are measured seconds apart, not minute
 and the targets where it exists, is the median over the repetitions of each one's ratio (each repetition's is
 printed with a target; a target is judged "met" or "NOT met" from 3 repetitions, the performance issue's rule, and
 "not judged" from fewer). `--merge` adds this command's runs to OUT/results.json (a long run split over several
-commands: one table and plot in the end); `--report` measures nothing and prints OUT/results.json's table and
-targets (a run merged on other machines, or one an older bench judged).
+commands: one table and plot in the end; `--fill-to N` instead of `--reps` measures only the repetitions each level
+lacks for N, so a run that a time limit stopped is completed by the next command); `--report` measures nothing and
+prints OUT/results.json's table and targets (a run merged on other machines, or one an older bench judged).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
 --max-requests, 512); one warm-up round per path and level is not counted. A level's streams start together, so
@@ -801,6 +803,7 @@ def schedule(
     levels: list[dict[str, Any]],
     interleave: bool,
     done: Callable[[dict[str, Any]], int] = lambda level: 0,
+    reps_of: Callable[[dict[str, Any]], int] | None = None,
 ):
     """The order of the measurements, as (group, path, rep, level). One after the other: every level of a path
     before the next path, every path of a group before the next group. Interleaved: each level of one repetition
@@ -808,17 +811,24 @@ def schedule(
     seconds apart, not minutes (the machine's own speed drifts more than that: docs/performance-gpu.md); in the
     reverse order in every other repetition of the level (`done(level)`: its repetitions already in a merged
     results file), so that a path's place in the turn (first after the level before, or last) is not part of
-    its paired ratio."""
+    its paired ratio. `reps_of(level)` (--fill-to): a level's own number of repetitions instead of `reps`."""
+    wanted = reps_of or (lambda level: reps)
     if interleave:
         turn = [(group, path) for group in groups for path in group.paths]
         return [
             (group, path, rep, level)
-            for rep in range(reps)
+            for rep in range(max((wanted(level) for level in levels), default=0))
             for level in levels
+            if rep < wanted(level)
             for group, path in (turn if (done(level) + rep) % 2 == 0 else turn[::-1])
         ]
     return [
-        (group, path, rep, level) for group in groups for rep in range(reps) for path in group.paths for level in levels
+        (group, path, rep, level)
+        for group in groups
+        for rep in range(max((wanted(level) for level in levels), default=0))
+        for path in group.paths
+        for level in levels
+        if rep < wanted(level)
     ]
 
 
@@ -1004,6 +1014,15 @@ class ResultsFile:
     def repetitions_done(self, level: dict[str, Any]) -> int:
         """How many repetitions of `level` the merged file already holds (schedule's alternation goes on from it)."""
         return self._earlier_repetitions(level["max_tokens"], level["concurrency"])
+
+    def repetitions_lacking(self, level: dict[str, Any], paths: Collection[str], target: int) -> int:
+        """--fill-to: the repetitions `level` needs so that every one of `paths` has `target` in the merged file
+        (counted by its least measured path: a level that a stopped command left with a partial round gets that
+        round again on every path, so that each pair has a round of its own)."""
+        have = min(
+            (self._earlier_repetitions(level["max_tokens"], level["concurrency"], path) for path in paths), default=0
+        )
+        return max(0, target - have)
 
     def add(self, result: LevelResult) -> None:
         result.client = client_of(result.path)
@@ -1438,10 +1457,26 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def repetitions_of(
+    args: argparse.Namespace,
+    levels: list[dict[str, Any]],
+    paths: list[str],
+    lacking: Callable[[dict[str, Any], list[str], int], int] | None,
+) -> Callable[[dict[str, Any]], int]:
+    """Each level's repetitions in this command: --reps, or with --fill-to those the merged file lacks (printed)."""
+    if args.fill_to is None or lacking is None:
+        return lambda level: args.reps
+    needed = {(level["max_tokens"], level["concurrency"]): lacking(level, paths, args.fill_to) for level in levels}
+    plan = ", ".join(f"{m} tokens x {c}: {n}" for (m, c), n in needed.items())
+    print(f"bench: --fill-to {args.fill_to}, repetitions to measure: {plan}", file=sys.stderr)
+    return lambda level: needed[(level["max_tokens"], level["concurrency"])]
+
+
 async def run_all(
     args: argparse.Namespace,
     on_result: Callable[[LevelResult], None],
     done: Callable[[dict[str, Any]], int],
+    lacking: Callable[[dict[str, Any], list[str], int], int] | None = None,
 ) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -1463,7 +1498,7 @@ async def run_all(
         print(f"bench: {placement.describe()}", file=sys.stderr)
     # Started after this process took its CPUs, so the busy loops inherit them and never share the engine's.
     with busy_processes(args.background_load, args.background_load_kind) as load:
-        await measure_all(args, setup, on_result, done, load)
+        await measure_all(args, setup, on_result, done, load, lacking)
 
 
 # --background-load-kind: what each busy process does. `spin` keeps a CPU busy and little else; `memory` copies
@@ -1510,6 +1545,7 @@ async def measure_all(
     on_result: Callable[[LevelResult], None],
     done: Callable[[dict[str, Any]], int],
     load: BackgroundLoad,
+    lacking: Callable[[dict[str, Any], list[str], int], int] | None = None,
 ) -> None:
     from tqdm import tqdm
 
@@ -1519,7 +1555,8 @@ async def measure_all(
     if args.profile:
         profiled_level(levels, args.profile_level)  # a --profile-level the run does not measure: refused now
     paths = measured_paths(args)
-    total = sum(level["requests"] for level in levels) * args.reps * len(paths)
+    reps_of = repetitions_of(args, levels, paths, lacking)
+    total = sum(level["requests"] * reps_of(level) for level in levels) * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
@@ -1566,7 +1603,7 @@ async def measure_all(
         if args.interleave:  # every engine up (one after the other) before the first level
             for group in groups:
                 await start(group)
-        for group, path, rep, level in schedule(groups, args.reps, levels, args.interleave, done):
+        for group, path, rep, level in schedule(groups, args.reps, levels, args.interleave, done, reps_of):
             if group not in opened:  # one group at a time: the one before is done
                 while opened:
                     await opened.pop().close()
@@ -1618,6 +1655,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
     parser.add_argument("--max-tokens", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every level, inside one engine start")
+    parser.add_argument(
+        "--fill-to",
+        type=int,
+        metavar="N",
+        help="with --merge, instead of --reps: each level gets the repetitions it lacks for N of every path in"
+        " OUT/results.json (a run that a time limit stopped, completed by the next command; none where it has N)",
+    )
     parser.add_argument(
         "--paths",
         type=path_list,
@@ -1732,6 +1776,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.report:
         return report_only(args.out)
+    if args.fill_to is not None and not args.merge:
+        parser.error("--fill-to counts the repetitions in OUT/results.json: it needs --merge")
     args.variables = dict(args.set)
 
     results = ResultsFile(
@@ -1742,12 +1788,17 @@ def main(argv: list[str] | None = None) -> int:
         paths=measured_paths(args),
         stagger_seconds=args.stagger_seconds,
     )
+    if args.fill_to is not None and not any(
+        results.repetitions_lacking(level, measured_paths(args), args.fill_to) for level in levels_for(args)
+    ):
+        print(f"bench: --fill-to {args.fill_to}: every level has as many repetitions already; nothing measured")
+        return 0
     stopped: BaseException | None = None
     # Before any group opens (the bare worker and `vllm serve` start before a Triton server would install it): a run
     # stopped by `timeout` closes every group on the way out instead of leaving them running.
     interrupt_on_sigterm()
     try:
-        asyncio.run(run_all(args, results.add, results.repetitions_done))
+        asyncio.run(run_all(args, results.add, results.repetitions_done, results.repetitions_lacking))
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the groups are closed by now
         stopped = exc
     except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured

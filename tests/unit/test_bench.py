@@ -381,7 +381,7 @@ def test_an_unknown_path_is_refused_before_anything_starts(tmp_path: Path, capsy
 def test_a_run_that_dies_midway_keeps_its_levels_and_exits_non_zero(tmp_path: Path, monkeypatch, capsys):
     import tools.bench as bench
 
-    async def dies_after_one_level(args, on_result, done):
+    async def dies_after_one_level(args, on_result, done, lacking):
         on_result(_run("bare", 100))
         raise RuntimeError("Server disconnected")
 
@@ -397,7 +397,7 @@ def test_a_run_that_measures_nothing_leaves_an_earlier_results_file_as_it_was(tm
     ResultsFile(tmp_path / "results.json", merge=False, command="earlier", deployment="d.yaml").add(_run("bare", 100))
     before = (tmp_path / "results.json").read_text()
 
-    async def dies_at_once(args, on_result, done):
+    async def dies_at_once(args, on_result, done, lacking):
         raise RuntimeError("vllm serve exited")
 
     monkeypatch.setattr(bench, "run_all", dies_at_once)
@@ -539,13 +539,42 @@ def test_stagger_spreads_the_streams_first_requests_over_it():
     assert _request_starts(0.8, phase=0.5) == pytest.approx([0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.1], abs=1e-6)
 
 
+def test_fill_to_measures_only_the_repetitions_each_level_lacks(tmp_path: Path):
+    target = tmp_path / "results.json"
+    stopped = ResultsFile(target, merge=False, command="stopped by its time limit", deployment="d.yaml")
+    for rep in range(3):  # level 64 complete
+        stopped.add(_run("bare", 100, 64, rep))
+        stopped.add(_run("plain-grpc", 95, 64, rep))
+    for rep in range(2):  # level 256 cut in its second round: bare measured, plain-grpc not
+        stopped.add(_run("bare", 100, 256, rep))
+    stopped.add(_run("plain-grpc", 95, 256, 0))
+    merged = ResultsFile(target, merge=True, command="--fill-to 3", deployment="d.yaml")
+    paths = ["bare", "plain-grpc"]
+    level = {"max_tokens": 256}
+    lacking = [merged.repetitions_lacking({**level, "concurrency": c}, paths, 3) for c in (1, 64, 256)]
+    assert lacking == [3, 0, 2]  # none yet; complete; the cut round again on both paths, then the third
+    # the schedule measures each level that many times, in turn, and no level more
+    bare, triton = _Group("bare"), _Group("plain-grpc")
+    levels = [{"concurrency": c} for c in (1, 64, 256)]
+    reps = dict(zip((1, 64, 256), lacking, strict=True))
+    order = schedule([bare, triton], 3, levels, True, reps_of=lambda level: reps[level["concurrency"]])
+    assert [(c["concurrency"], rep) for _, path, rep, c in order if path == "bare"] == [
+        (1, 0),
+        (256, 0),
+        (1, 1),
+        (256, 1),
+        (1, 2),
+    ]
+    assert len(order) == 2 * 5
+
+
 def _levels_from_the_command_line(tmp_path: Path, monkeypatch, key: str, *options: str) -> list:
     """`key` of every level bench.main would run with --levels 1,16 --max-tokens 64 and `options`."""
     import tools.bench as bench
 
     seen = []
 
-    async def records_the_levels(args, on_result, done):
+    async def records_the_levels(args, on_result, done, lacking):
         seen.extend(level[key] for level in bench.levels_for(args))
 
     monkeypatch.setattr(bench, "run_all", records_the_levels)
@@ -559,6 +588,35 @@ def test_stagger_reaches_every_level_from_the_command_line(tmp_path: Path, monke
 
 def test_min_requests_reaches_every_level_from_the_command_line(tmp_path: Path, monkeypatch):
     assert _levels_from_the_command_line(tmp_path, monkeypatch, "requests", "--min-requests", "32") == [32, 64]
+
+
+def test_fill_to_reaches_the_schedule_from_the_command_line(tmp_path: Path, monkeypatch, capsys):
+    import tools.bench as bench
+
+    with pytest.raises(SystemExit):  # without --merge there is nothing to count
+        bench.main(["--paths", "bare", "--fill-to", "3", "--out", str(tmp_path)])
+    assert "--fill-to counts the repetitions in OUT/results.json: it needs --merge" in capsys.readouterr().err
+    earlier = ResultsFile(tmp_path / "results.json", merge=False, command="first", deployment="d")
+    earlier.add(_run("bare", 100, 16, 0))
+    planned = []
+
+    async def plans_the_repetitions(args, on_result, done, lacking):
+        reps_of = bench.repetitions_of(args, bench.levels_for(args), bench.measured_paths(args), lacking)
+        planned.extend(reps_of(level) for level in bench.levels_for(args))
+
+    monkeypatch.setattr(bench, "run_all", plans_the_repetitions)
+    argv = ["--paths", "bare", "--levels", "1,16", "--max-tokens", "256", "--fill-to", "3", "--merge"]
+    bench.main([*argv, "--out", str(tmp_path)])
+    assert planned == [3, 2]
+    assert "repetitions to measure: 256 tokens x 1: 3, 256 tokens x 16: 2" in capsys.readouterr().err
+    # once every level has its repetitions the command starts nothing
+    for rep in range(3):
+        earlier.add(_run("bare", 100, 1, rep))
+    for rep in (1, 2):
+        earlier.add(_run("bare", 100, 16, rep))
+    planned.clear()
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    assert planned == [] and "every level has as many repetitions already" in capsys.readouterr().out
 
 
 def test_the_same_engines_two_paths_per_round_give_the_machines_own_spread():
@@ -671,7 +729,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         events.append(f"load {count} {kind}")
         yield []
 
-    async def measure(args, got_setup, on_result, done, load):
+    async def measure(args, got_setup, on_result, done, load, lacking):
         assert got_setup is setup
         events.append("measure")
 
