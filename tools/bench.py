@@ -49,8 +49,9 @@ streams is busy enough to delay the responses it times. The bare paths' client i
 Each engine starts once per command: the bare worker runs both bare paths, one `vllm serve` both of its paths,
 one tritonserver every Triton path; `--reps` repeats the levels inside. By default one engine runs at a time, each
 path's levels one after the other. --interleave starts every engine first (they must fit the GPU together) and
-measures each level on every path in turn (in the reverse order every other repetition of the level, merged
-commands included), so the paths compared are measured seconds apart, not minutes: the table's "paired" column,
+measures each level on every path in turn (turn_order: each of ours beside the paths it is compared with; in the
+reverse order every other repetition of the level, merged commands included), so the paths compared are measured
+seconds apart, not minutes: the table's "paired" column,
 and the targets where it exists, is the median over the repetitions of each one's ratio (each repetition's is
 printed with a target; a target is judged "met" or "NOT met" from 3 repetitions, the performance issue's rule, and
 "not judged" from fewer). `--merge` adds this command's runs to OUT/results.json (a long run split over several
@@ -189,6 +190,28 @@ def baseline_of(path: str) -> str:
     return "bare-stream" if is_streamed(path) else "bare"
 
 
+# The paths that ours are compared with besides the bare engine (a target each, or a split of the gap)
+COMPARED_PATHS = ("vllm-serve", "vllm-serve-stream", "vllm-backend-stream", *FRONT_END_PATHS)
+
+
+def turn_order(paths: list[str]) -> list[str]:
+    """The order of --interleave's turn: each of our paths beside its bare baseline and beside the path it is held
+    against, the two bare paths in the middle: [vllm-serve, plain-grpc, bare | bare-stream, stream-grpc,
+    vllm-serve-stream]. The spread of a paired ratio grows with how far apart in the turn its two paths are
+    (tools/pair_spread.py over the H100 runs: at 64 and 256 streams, bare / plain-grpc 0.126 beside each other,
+    0.158 four places apart, as rms of the log ratio); the order before (bare, bare-stream, vllm-serve, ..., ours
+    last) put the two main targets' pairs four places apart in a run of six paths."""
+
+    def side(plain: bool) -> list[str]:
+        mine = [p for p in paths if baseline_of(p) == ("bare" if plain else "bare-stream")]
+        compared = [p for p in mine if p in COMPARED_PATHS]
+        ours = [p for p in mine if p not in COMPARED_PATHS and p not in BARE_PATHS]
+        bare = [p for p in mine if p in BARE_PATHS]
+        return [*compared, *ours, *bare] if plain else [*bare, *ours, *compared[::-1]]
+
+    return [*side(True), *side(False)]
+
+
 @dataclass
 class LevelResult:
     path: str
@@ -222,6 +245,8 @@ class LevelResult:
     # --background-load: busy processes running while the level was measured (0 in a paused repetition of
     # --background-load-alternate)
     background_load: int = 0
+    # --interleave: its place in the turn of the paths (turn_order; None: not interleaved, or an older bench)
+    turn_index: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -814,7 +839,8 @@ def schedule(
     its paired ratio. `reps_of(level)` (--fill-to): a level's own number of repetitions instead of `reps`."""
     wanted = reps_of or (lambda level: reps)
     if interleave:
-        turn = [(group, path) for group in groups for path in group.paths]
+        group_of = {path: group for group in groups for path in group.paths}
+        turn = [(group_of[path], path) for path in turn_order(list(group_of))]
         return [
             (group, path, rep, level)
             for rep in range(max((wanted(level) for level in levels), default=0))
@@ -952,10 +978,10 @@ def add_vllm_backend(setup: BenchSetup, source: Path) -> None:
 
 
 def load_runs(results_file: Path) -> list[LevelResult]:
-    return _runs_of(json.loads(results_file.read_text())) if results_file.exists() else []
+    return runs_of(json.loads(results_file.read_text())) if results_file.exists() else []
 
 
-def _runs_of(doc: dict[str, Any]) -> list[LevelResult]:
+def runs_of(doc: dict[str, Any]) -> list[LevelResult]:
     known = {f.name for f in fields(LevelResult)}
     return [LevelResult(**{k: v for k, v in run.items() if k in known}) for run in doc.get("runs", [])]
 
@@ -977,7 +1003,7 @@ class ResultsFile:
     ) -> None:
         self.path = path
         earlier = json.loads(path.read_text()) if merge and path.exists() else {}
-        self.earlier = _runs_of(earlier)
+        self.earlier = runs_of(earlier)
         staggers = sorted({r.stagger_seconds for r in self.earlier} - {stagger_seconds})
         if staggers:  # another workload: waves of requests, or streams out of step, are not one level's repetitions
             raise SystemExit(
@@ -1559,6 +1585,8 @@ async def measure_all(
     total = sum(level["requests"] * reps_of(level) for level in levels) * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
+    turn = turn_order(paths)
+
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
         on_result(
             LevelResult(
@@ -1569,6 +1597,7 @@ async def measure_all(
                 level["requests"],
                 stagger_seconds=level["stagger"],
                 background_load=load.running,
+                turn_index=turn.index(path) if args.interleave else None,
                 **measured,
             )
         )

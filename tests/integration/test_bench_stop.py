@@ -83,8 +83,10 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
             bench.kill()
     assert bench.returncode == 1, output[-3000:]
     assert "bench: stopped early (interrupted)" in output
-    # what it measured before the signal is kept
+    # what it measured before the signal is kept, each run with its place in the turn (ours first, then its baseline)
     assert _measured(out / "results.json") == {"bare", "plain-grpc"}
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {(run["path"], run["turn_index"]) for run in runs} == {("plain-grpc", 0), ("bare", 1)}
     deadline = time.monotonic() + 10  # a process that was killed last may still be on its way out
     while (left := {pid for pid in started if _alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -24,6 +24,7 @@ from tools.bench import (
     schedule,
     summarize,
     target_lines,
+    turn_order,
 )
 from tools.bench_clients import Prompt, Sample, run_level, split
 
@@ -245,22 +246,36 @@ def test_interleaved_schedule_measures_each_level_on_every_path_before_the_next(
     levels = [{"concurrency": 1}, {"concurrency": 64}]
     order = [(path, rep, level["concurrency"]) for _, path, rep, level in schedule([bare, triton], 2, levels, True)]
     assert order[:6] == [
-        ("bare", 0, 1), ("bare-stream", 0, 1), ("plain-grpc", 0, 1),
-        ("bare", 0, 64), ("bare-stream", 0, 64), ("plain-grpc", 0, 64),
+        ("plain-grpc", 0, 1), ("bare", 0, 1), ("bare-stream", 0, 1),
+        ("plain-grpc", 0, 64), ("bare", 0, 64), ("bare-stream", 0, 64),
     ]  # fmt: skip
     # the next repetition takes the paths in the reverse order: no path is always first (or last) in the turn
-    assert order[6:9] == [("plain-grpc", 1, 1), ("bare-stream", 1, 1), ("bare", 1, 1)]
+    assert order[6:9] == [("bare-stream", 1, 1), ("bare", 1, 1), ("plain-grpc", 1, 1)]
     assert len(order) == 12
     # a command merged into a file that holds one repetition of level 64 (none of level 1) goes on alternating
     merged = schedule([bare, triton], 1, levels, True, lambda level: 1 if level["concurrency"] == 64 else 0)
-    turn = ["bare", "bare-stream", "plain-grpc"]
+    turn = ["plain-grpc", "bare", "bare-stream"]
     assert [path for _, path, _, _ in merged] == turn + turn[::-1]
+    # each measurement comes with its group (a group measures its own paths)
+    assert all(path in group.paths for group, path, _, _ in schedule([bare, triton], 2, levels, True))
     # one after the other: a group's every repetition before the next group starts
     sequential = [(path, rep) for _, path, rep, _ in schedule([bare, triton], 2, levels, False)]
     assert (
         sequential[:2] == [("bare", 0), ("bare", 0)]
         and sequential[8:] == [("plain-grpc", 0)] * 2 + [("plain-grpc", 1)] * 2
     )
+
+
+def test_the_turn_puts_each_of_our_paths_beside_its_baseline_and_the_path_it_is_held_against():
+    six = ["bare", "bare-stream", "vllm-serve", "vllm-serve-stream", "plain-grpc", "stream-grpc"]
+    assert turn_order(six) == ["vllm-serve", "plain-grpc", "bare", "bare-stream", "stream-grpc", "vllm-serve-stream"]
+    assert turn_order(["bare-stream", "vllm-backend-stream", "stream-grpc"]) == [
+        "bare-stream", "stream-grpc", "vllm-backend-stream",
+    ]  # fmt: skip
+    # an A/B of our own models: the variant beside the deployment's model, both beside the baseline
+    assert turn_order(["bare", "plain-grpc", "extra:entry_plain"]) == ["plain-grpc", "extra:entry_plain", "bare"]
+    front_ends = ["bare", "bare-front-ends", "plain-grpc", "bare-stream", "bare-front-ends-stream", "stream-grpc"]
+    assert sorted(turn_order(front_ends)) == sorted(front_ends)  # every path once, whatever the mix
 
 
 def test_a_results_file_loads_back_for_merging(tmp_path: Path):
