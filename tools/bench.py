@@ -51,13 +51,13 @@ one tritonserver every Triton path; `--reps` repeats the levels inside. By defau
 path's levels one after the other. --interleave starts every engine first (they must fit the GPU together) and
 measures each level on every path in turn (turn_order: each of ours beside the paths it is compared with; in the
 reverse order every other repetition of the level, merged commands included), so the paths compared are measured
-seconds apart, not minutes: the table's "paired" column,
-and the targets where it exists, is the median over the repetitions of each one's ratio (each repetition's is
-printed with a target; a target is judged "met" or "NOT met" from 3 repetitions, the performance issue's rule, and
-"not judged" from fewer). `--merge` adds this command's runs to OUT/results.json (a long run split over several
-commands: one table and plot in the end; `--fill-to N` instead of `--reps` measures only the repetitions each level
-lacks for N, so a run that a time limit stopped is completed by the next command); `--report` measures nothing and
-prints OUT/results.json's table and targets (a run merged on other machines, or one an older bench judged).
+seconds apart, not minutes: the table's "paired" column, and the targets where it exists, is the median over the
+repetitions of each one's ratio (each repetition's is printed with a target; a target is judged "met" or "NOT met"
+from 3 repetitions, the performance issue's rule, and "not judged" from fewer). `--merge` adds this command's runs
+to OUT/results.json (a long run split over several commands: one table and plot in the end; `--fill-to N` instead
+of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit stopped is completed by
+the next command); `--report` measures nothing and prints OUT/results.json's table and targets (a run merged on
+other machines, or one an older bench judged).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
 --max-requests, 512); one warm-up round per path and level is not counted. A level's streams start together, so
