@@ -194,6 +194,17 @@ def baseline_of(path: str) -> str:
 COMPARED_PATHS = ("vllm-serve", "vllm-serve-stream", "vllm-backend-stream", *FRONT_END_PATHS)
 
 
+def engine_groups(paths: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """`paths` by the engine that serves them: the bare worker, the front ends of one EngineCore, `vllm serve`,
+    the Triton server (one group each; a group's engine starts once per command)."""
+    return (
+        [p for p in paths if p in BARE_PATHS],
+        [p for p in paths if p in FRONT_END_PATHS],
+        [p for p in paths if p.startswith("vllm-serve")],
+        [p for p in paths if p in TRITON_PATHS or p.startswith("extra")],
+    )
+
+
 def turn_order(paths: list[str]) -> list[str]:
     """The order of --interleave's turn: each of our paths beside its bare baseline and beside the path it is held
     against, the two bare paths in the middle: [vllm-serve, plain-grpc, bare | bare-stream, stream-grpc,
@@ -824,11 +835,10 @@ Group = BareGroup | FrontEndsGroup | TritonGroup | VllmServeGroup
 
 def schedule(
     groups: list[Any],
-    reps: int,
     levels: list[dict[str, Any]],
     interleave: bool,
+    reps_of: Callable[[dict[str, Any]], int],
     done: Callable[[dict[str, Any]], int] = lambda level: 0,
-    reps_of: Callable[[dict[str, Any]], int] | None = None,
 ):
     """The order of the measurements, as (group, path, rep, level). One after the other: every level of a path
     before the next path, every path of a group before the next group. Interleaved: each level of one repetition
@@ -836,25 +846,25 @@ def schedule(
     seconds apart, not minutes (the machine's own speed drifts more than that: docs/performance-gpu.md); in the
     reverse order in every other repetition of the level (`done(level)`: its repetitions already in a merged
     results file), so that a path's place in the turn (first after the level before, or last) is not part of
-    its paired ratio. `reps_of(level)` (--fill-to): a level's own number of repetitions instead of `reps`."""
-    wanted = reps_of or (lambda level: reps)
+    its paired ratio. `reps_of(level)`: the level's repetitions (--reps, or what --fill-to found lacking)."""
+    rounds = range(max((reps_of(level) for level in levels), default=0))
     if interleave:
         group_of = {path: group for group in groups for path in group.paths}
         turn = [(group_of[path], path) for path in turn_order(list(group_of))]
         return [
             (group, path, rep, level)
-            for rep in range(max((wanted(level) for level in levels), default=0))
+            for rep in rounds
             for level in levels
-            if rep < wanted(level)
+            if rep < reps_of(level)
             for group, path in (turn if (done(level) + rep) % 2 == 0 else turn[::-1])
         ]
     return [
         (group, path, rep, level)
         for group in groups
-        for rep in range(max((wanted(level) for level in levels), default=0))
+        for rep in rounds
         for path in group.paths
         for level in levels
-        if rep < wanted(level)
+        if rep < reps_of(level)
     ]
 
 
@@ -1483,16 +1493,15 @@ def measured_paths(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def repetitions_of(
-    args: argparse.Namespace,
-    levels: list[dict[str, Any]],
-    paths: list[str],
-    lacking: Callable[[dict[str, Any], list[str], int], int] | None,
-) -> Callable[[dict[str, Any]], int]:
+def repetitions_of(args: argparse.Namespace, results: ResultsFile) -> Callable[[dict[str, Any]], int]:
     """Each level's repetitions in this command: --reps, or with --fill-to those the merged file lacks (printed)."""
-    if args.fill_to is None or lacking is None:
+    if args.fill_to is None:
         return lambda level: args.reps
-    needed = {(level["max_tokens"], level["concurrency"]): lacking(level, paths, args.fill_to) for level in levels}
+    paths = measured_paths(args)
+    needed = {
+        (level["max_tokens"], level["concurrency"]): results.repetitions_lacking(level, paths, args.fill_to)
+        for level in levels_for(args)
+    }
     plan = ", ".join(f"{m} tokens x {c}: {n}" for (m, c), n in needed.items())
     print(f"bench: --fill-to {args.fill_to}, repetitions to measure: {plan}", file=sys.stderr)
     return lambda level: needed[(level["max_tokens"], level["concurrency"])]
@@ -1502,7 +1511,7 @@ async def run_all(
     args: argparse.Namespace,
     on_result: Callable[[LevelResult], None],
     done: Callable[[dict[str, Any]], int],
-    lacking: Callable[[dict[str, Any], list[str], int], int] | None = None,
+    reps_of: Callable[[dict[str, Any]], int],
 ) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -1524,7 +1533,7 @@ async def run_all(
         print(f"bench: {placement.describe()}", file=sys.stderr)
     # Started after this process took its CPUs, so the busy loops inherit them and never share the engine's.
     with busy_processes(args.background_load, args.background_load_kind) as load:
-        await measure_all(args, setup, on_result, done, load, lacking)
+        await measure_all(args, setup, on_result, done, load, reps_of)
 
 
 # --background-load-kind: what each busy process does. `spin` keeps a CPU busy and little else; `memory` copies
@@ -1571,7 +1580,7 @@ async def measure_all(
     on_result: Callable[[LevelResult], None],
     done: Callable[[dict[str, Any]], int],
     load: BackgroundLoad,
-    lacking: Callable[[dict[str, Any], list[str], int], int] | None = None,
+    reps_of: Callable[[dict[str, Any]], int],
 ) -> None:
     from tqdm import tqdm
 
@@ -1581,7 +1590,6 @@ async def measure_all(
     if args.profile:
         profiled_level(levels, args.profile_level)  # a --profile-level the run does not measure: refused now
     paths = measured_paths(args)
-    reps_of = repetitions_of(args, levels, paths, lacking)
     total = sum(level["requests"] * reps_of(level) for level in levels) * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
@@ -1602,10 +1610,7 @@ async def measure_all(
             )
         )
 
-    bare = [p for p in paths if p in BARE_PATHS]
-    shared = [p for p in paths if p in FRONT_END_PATHS]
-    served = [p for p in paths if p.startswith("vllm-serve")]
-    triton = [p for p in paths if p in TRITON_PATHS or p.startswith("extra")]
+    bare, shared, served, triton = engine_groups(paths)
     groups: list[Group] = []
     if bare:
         spec = {
@@ -1632,7 +1637,7 @@ async def measure_all(
         if args.interleave:  # every engine up (one after the other) before the first level
             for group in groups:
                 await start(group)
-        for group, path, rep, level in schedule(groups, args.reps, levels, args.interleave, done, reps_of):
+        for group, path, rep, level in schedule(groups, levels, args.interleave, reps_of, done):
             if group not in opened:  # one group at a time: the one before is done
                 while opened:
                     await opened.pop().close()
@@ -1675,7 +1680,8 @@ def report_only(out: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also how tools/pair_spread.py reads the commands recorded in a results file)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deployment", type=Path, help="the deployment file to render and measure")
     parser.add_argument(
@@ -1795,6 +1801,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / ".bench")
     parser.add_argument("--bare-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--front-ends-launcher", type=Path, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     if args.bare_worker:
@@ -1817,17 +1828,16 @@ def main(argv: list[str] | None = None) -> int:
         paths=measured_paths(args),
         stagger_seconds=args.stagger_seconds,
     )
-    if args.fill_to is not None and not any(
-        results.repetitions_lacking(level, measured_paths(args), args.fill_to) for level in levels_for(args)
-    ):
-        print(f"bench: --fill-to {args.fill_to}: every level has as many repetitions already; nothing measured")
+    reps_of = repetitions_of(args, results)
+    if not any(reps_of(level) for level in levels_for(args)):
+        print("bench: every level has as many repetitions already (--fill-to); nothing measured")
         return 0
     stopped: BaseException | None = None
     # Before any group opens (the bare worker and `vllm serve` start before a Triton server would install it): a run
     # stopped by `timeout` closes every group on the way out instead of leaving them running.
     interrupt_on_sigterm()
     try:
-        asyncio.run(run_all(args, results.add, results.repetitions_done, results.repetitions_lacking))
+        asyncio.run(run_all(args, results.add, results.repetitions_done, reps_of))
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the groups are closed by now
         stopped = exc
     except Exception as exc:  # noqa: BLE001 - a server that died mid-run: keep and show what was measured

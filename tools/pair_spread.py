@@ -24,10 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench import BARE_PATHS, FRONT_END_PATHS, TRITON_PATHS, runs_of  # noqa: E402
+from tools.bench import build_parser, engine_groups, measured_paths, runs_of  # noqa: E402
 
-# The default --paths of every bench so far
-DEFAULT_PATHS = ["bare", "vllm-serve", "plain-grpc", "plain-http", "stream-grpc"]
 NAMED_PAIRS = (
     ("bare", "plain-grpc"),
     ("bare-stream", "stream-grpc"),
@@ -35,34 +33,15 @@ NAMED_PAIRS = (
     ("vllm-serve", "plain-grpc"),
     ("vllm-serve-stream", "stream-grpc"),
 )
-EXTRA_OPTIONS = {
-    "--extra-model": "extra:",
-    "--extra-stream-model": "extra-stream:",
-    "--preprocess-model-stream": "extra-stream:",
-    "--entry-plain": "extra:",
-}
 
 
 def older_turn(command: str) -> list[str] | None:
-    """The turn of an interleaved command of a bench before turn_order (None: the command was not interleaved)."""
-    words = shlex.split(command)
-    if "--interleave" not in words:
+    """The turn of an interleaved command of a bench before turn_order, the engines' groups one after the other
+    (None: the command was not interleaved)."""
+    args, _ = build_parser().parse_known_args(shlex.split(command)[1:])  # options of today's bench only
+    if not args.interleave:
         return None
-    paths = list(DEFAULT_PATHS)
-    extras = []
-    for option, value in zip(words, words[1:], strict=False):
-        if option == "--paths":
-            paths = value.split(",")
-        elif option in EXTRA_OPTIONS:
-            extras.append(EXTRA_OPTIONS[option] + value)
-    paths += extras
-    groups = (
-        [p for p in paths if p in BARE_PATHS],
-        [p for p in paths if p in FRONT_END_PATHS],
-        [p for p in paths if p.startswith("vllm-serve")],
-        [p for p in paths if p in TRITON_PATHS or p.startswith("extra")],
-    )
-    return [path for group in groups for path in group]
+    return [path for group in engine_groups(measured_paths(args)) for path in group]
 
 
 def rounds_of(doc: dict[str, Any]) -> dict[tuple[int, int, str], dict[str, tuple[int, float]]]:

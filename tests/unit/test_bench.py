@@ -241,10 +241,15 @@ class _Group:
         self.paths = list(paths)
 
 
+def _twice(level: dict) -> int:
+    return 2
+
+
 def test_interleaved_schedule_measures_each_level_on_every_path_before_the_next():
     bare, triton = _Group("bare", "bare-stream"), _Group("plain-grpc")
     levels = [{"concurrency": 1}, {"concurrency": 64}]
-    order = [(path, rep, level["concurrency"]) for _, path, rep, level in schedule([bare, triton], 2, levels, True)]
+    measured = schedule([bare, triton], levels, True, _twice)
+    order = [(path, rep, level["concurrency"]) for _, path, rep, level in measured]
     assert order[:6] == [
         ("plain-grpc", 0, 1), ("bare", 0, 1), ("bare-stream", 0, 1),
         ("plain-grpc", 0, 64), ("bare", 0, 64), ("bare-stream", 0, 64),
@@ -253,13 +258,14 @@ def test_interleaved_schedule_measures_each_level_on_every_path_before_the_next(
     assert order[6:9] == [("bare-stream", 1, 1), ("bare", 1, 1), ("plain-grpc", 1, 1)]
     assert len(order) == 12
     # a command merged into a file that holds one repetition of level 64 (none of level 1) goes on alternating
-    merged = schedule([bare, triton], 1, levels, True, lambda level: 1 if level["concurrency"] == 64 else 0)
+    done_before = lambda level: 1 if level["concurrency"] == 64 else 0  # noqa: E731
+    merged = schedule([bare, triton], levels, True, lambda level: 1, done_before)
     turn = ["plain-grpc", "bare", "bare-stream"]
     assert [path for _, path, _, _ in merged] == turn + turn[::-1]
     # each measurement comes with its group (a group measures its own paths)
-    assert all(path in group.paths for group, path, _, _ in schedule([bare, triton], 2, levels, True))
+    assert all(path in group.paths for group, path, _, _ in schedule([bare, triton], levels, True, _twice))
     # one after the other: a group's every repetition before the next group starts
-    sequential = [(path, rep) for _, path, rep, _ in schedule([bare, triton], 2, levels, False)]
+    sequential = [(path, rep) for _, path, rep, _ in schedule([bare, triton], levels, False, _twice)]
     assert (
         sequential[:2] == [("bare", 0), ("bare", 0)]
         and sequential[8:] == [("plain-grpc", 0)] * 2 + [("plain-grpc", 1)] * 2
@@ -396,7 +402,7 @@ def test_an_unknown_path_is_refused_before_anything_starts(tmp_path: Path, capsy
 def test_a_run_that_dies_midway_keeps_its_levels_and_exits_non_zero(tmp_path: Path, monkeypatch, capsys):
     import tools.bench as bench
 
-    async def dies_after_one_level(args, on_result, done, lacking):
+    async def dies_after_one_level(args, on_result, done, reps_of):
         on_result(_run("bare", 100))
         raise RuntimeError("Server disconnected")
 
@@ -412,7 +418,7 @@ def test_a_run_that_measures_nothing_leaves_an_earlier_results_file_as_it_was(tm
     ResultsFile(tmp_path / "results.json", merge=False, command="earlier", deployment="d.yaml").add(_run("bare", 100))
     before = (tmp_path / "results.json").read_text()
 
-    async def dies_at_once(args, on_result, done, lacking):
+    async def dies_at_once(args, on_result, done, reps_of):
         raise RuntimeError("vllm serve exited")
 
     monkeypatch.setattr(bench, "run_all", dies_at_once)
@@ -572,7 +578,7 @@ def test_fill_to_measures_only_the_repetitions_each_level_lacks(tmp_path: Path):
     bare, triton = _Group("bare"), _Group("plain-grpc")
     levels = [{"concurrency": c} for c in (1, 64, 256)]
     reps = dict(zip((1, 64, 256), lacking, strict=True))
-    order = schedule([bare, triton], 3, levels, True, reps_of=lambda level: reps[level["concurrency"]])
+    order = schedule([bare, triton], levels, True, lambda level: reps[level["concurrency"]])
     assert [(c["concurrency"], rep) for _, path, rep, c in order if path == "bare"] == [
         (1, 0),
         (256, 0),
@@ -589,7 +595,7 @@ def _levels_from_the_command_line(tmp_path: Path, monkeypatch, key: str, *option
 
     seen = []
 
-    async def records_the_levels(args, on_result, done, lacking):
+    async def records_the_levels(args, on_result, done, reps_of):
         seen.extend(level[key] for level in bench.levels_for(args))
 
     monkeypatch.setattr(bench, "run_all", records_the_levels)
@@ -615,8 +621,7 @@ def test_fill_to_reaches_the_schedule_from_the_command_line(tmp_path: Path, monk
     earlier.add(_run("bare", 100, 16, 0))
     planned = []
 
-    async def plans_the_repetitions(args, on_result, done, lacking):
-        reps_of = bench.repetitions_of(args, bench.levels_for(args), bench.measured_paths(args), lacking)
+    async def plans_the_repetitions(args, on_result, done, reps_of):
         planned.extend(reps_of(level) for level in bench.levels_for(args))
 
     monkeypatch.setattr(bench, "run_all", plans_the_repetitions)
@@ -744,7 +749,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         events.append(f"load {count} {kind}")
         yield []
 
-    async def measure(args, got_setup, on_result, done, load, lacking):
+    async def measure(args, got_setup, on_result, done, load, reps_of):
         assert got_setup is setup
         events.append("measure")
 
@@ -762,7 +767,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         background_load=3,
         background_load_kind="memory",
     )
-    asyncio.run(bench.run_all(args, lambda result: None, lambda level: 0))
+    asyncio.run(bench.run_all(args, lambda result: None, lambda level: 0, lambda level: 1))
     others = sorted(os.sched_getaffinity(0) - {0})
     assert events == [f"pin {others}", "load 3 memory", "measure"]
 
