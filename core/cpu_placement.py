@@ -69,6 +69,16 @@ def pin_process(pid: int, cpus: Collection[int], main_thread_cpus: Collection[in
             os.sched_setaffinity(tid, mask)
 
 
+def _placed_main_thread(pid: int) -> frozenset[int] | None:
+    """The CPUs of a process's main thread where they differ from its other threads' (a placed engine), else None."""
+    try:
+        masks = {int(tid): frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+    except OSError:  # gone meanwhile
+        return None
+    main = masks.pop(pid, None)
+    return main if main is not None and masks and main not in masks.values() else None
+
+
 class EnginePlacement:
     """The engine's CPUs, and the rest: the CPUs this process may use (the server's, e.g. as `taskset` started
     it) without the engine's."""
@@ -84,18 +94,24 @@ class EnginePlacement:
 
     def apply(self, root: int, engine_root: int | None = None) -> tuple[list[int], list[int]]:
         """Place every process under `root`: the main threads of vLLM's engine processes under `engine_root`
-        (default: `root`) on the engine's CPUs, every other thread (another deployment's engine too) off them.
-        Returns (engine pids, other pids). An engine CPU this machine does not let us use (outside the
-        container's cpuset) raises OSError."""
+        (default: `root`) on the engine's CPUs, every other thread off them. Another deployment's engine in the
+        same server that its own core placed already (its main thread's CPUs differ from its other threads')
+        keeps its main thread's CPUs, and nothing else is put there: each core's pass would otherwise move the
+        engines placed before it (one server measuring two deployments side by side, tools/bench.py
+        --also-deployment). Returns (this engine's pids, every other pid). An engine CPU this machine does not
+        let us use (outside the container's cpuset) raises OSError."""
         children = _children_map()
         tree = process_tree(root, children)
         engine_tree = tree if engine_root is None else process_tree(engine_root, children)
         engine = [pid for pid in engine_tree if is_engine_process(pid)]
         other = [pid for pid in tree if pid not in engine]
+        placed = {pid: cpus for pid in other if is_engine_process(pid) and (cpus := _placed_main_thread(pid))}
+        reserved = self.engine_cpus.union(*placed.values())
+        rest = (self.other_cpus - reserved) or self.other_cpus
         for pid in other:
-            pin_process(pid, self.other_cpus)
+            pin_process(pid, rest, main_thread_cpus=placed.get(pid))
         for pid in engine:
-            pin_process(pid, self.other_cpus, main_thread_cpus=self.engine_cpus)
+            pin_process(pid, rest, main_thread_cpus=self.engine_cpus)
         return engine, other
 
     def describe(self) -> str:
