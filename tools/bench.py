@@ -67,7 +67,8 @@ Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-en
 CPU seconds per 1k output tokens (all processes of the server's process group), the client's own CPU, the ratio
 to the baseline (bare for plain paths, bare-stream for streamed ones), the spread (min..max) over repetitions,
 the issue's targets, and the machine's own spread per level (bare-stream / bare per round: one engine, seconds
-apart with --interleave). --profile adds Triton's per-model statistics and each server process's CPU per level,
+apart with --interleave). --profile adds Triton's per-model statistics (a request's wait in each model's queue
+and `execute`, printed per model) and each server process's CPU per level,
 the core's own counters in the Triton log, the engine's steps per level for the bare engine and the core alike
 (core/step_stats.py: requests running per step, steps per second; from vLLM's iteration details, the share of
 steps that computed prompt tokens, the decode-only steps' rate, the EngineCore's wait for the model's result per
@@ -1138,6 +1139,7 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "engine_steps_per_s": _median_of([x["steps_per_second"] for x in steps]),
                 **engine_lag_columns([r.engine_lags for r in reps if r.engine_lags]),
                 **engine_detail_columns(detailed),
+                "triton_models": triton_model_columns([r.triton_stats for r in reps if r.triton_stats]),
             }
         )
     return rows
@@ -1181,6 +1183,26 @@ def engine_detail_columns(steps: list[dict[str, Any]]) -> dict[str, float | None
         "engine_decode_steps_per_s": _median_of([x["decode_steps_per_second"] for x in steps]),
         "engine_decode_wait_ms": _median_of([x["decode_wait_ms"] for x in steps]),
     }
+
+
+def triton_model_columns(stats: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per model of the server (--profile's Triton statistics), medians over the repetitions of a request's mean
+    wait in Triton's queue and in the model's `execute`, and of the requests per `execute` (above 1 only where
+    Triton batches the model's requests): where a request waits before it reaches the model's code."""
+    columns = {}
+    for model in sorted({model for level in stats for model in level}):
+        counted = [
+            level[model]
+            for level in stats
+            if all(level.get(model, {}).get(key) for key in ("queue_count", "compute_infer_count", "executions"))
+        ]
+        if counted:
+            columns[model] = {
+                "queue_ms": statistics.median(x["queue_ms"] / x["queue_count"] for x in counted),
+                "execute_ms": statistics.median(x["compute_infer_ms"] / x["compute_infer_count"] for x in counted),
+                "per_execute": statistics.median(x["success_count"] / x["executions"] for x in counted),
+            }
+    return columns
 
 
 def _median_of(values: list[float | None]) -> float | None:
@@ -1275,6 +1297,21 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             " inside the EngineCore, per finished request: queue: ms from queued to first scheduled, 1st tok: from"
             " then until the step that made its first token ended, ms/tok: per token after the first (means, by the"
             " EngineCore's clock)"
+        )
+    triton_rows = [row for row in rows if row.get("triton_models")]
+    if triton_rows:
+        print("\nTriton's statistics per request of each model (--profile; median of the repetitions):")
+        print(f"{'path':<22}{'max_tok':>8}{'conc':>6}  {'model':<24}{'queue ms':>9}{'execute ms':>11}{'per exec':>9}")
+        for row in triton_rows:
+            for model, x in row["triton_models"].items():
+                print(
+                    f"{row['path']:<22}{row['max_tokens']:>8}{row['concurrency']:>6}  {model:<24}"
+                    f"{x['queue_ms']:>9.2f}{x['execute_ms']:>11.2f}{x['per_execute']:>9.2f}"
+                )
+        print(
+            "queue ms: a request's mean wait in Triton's queue for an instance of the model; execute ms: its mean time"
+            " in the model's execute (for a decoupled model or one answering from threads, until execute returned, not"
+            " until the answer); per exec: requests per execute (1: one at a time)"
         )
 
 

@@ -132,6 +132,38 @@ def test_a_core_with_several_front_ends_shows_its_batch_and_prompt_steps_without
     assert line[3:10] == ["55.0", "-", "-", "0.25", "-", "-", "0.06"] and line[10] == "-"
 
 
+def _triton_stats(requests: int, executions: int, queue_ms: float, execute_ms: float) -> dict[str, float]:
+    """Triton's statistics of one model over a level, as ServerWatch records them (totals over the level)."""
+    return {
+        "executions": float(executions), "success_count": float(requests), "queue_count": float(requests),
+        "queue_ms": queue_ms * requests, "compute_infer_count": float(requests),
+        "compute_infer_ms": execute_ms * requests,
+    }  # fmt: skip
+
+
+def test_triton_s_statistics_give_each_model_s_wait_per_request_over_the_repetitions(capsys):
+    """Where a request waits before the model's code runs (the plain model at 256 streams: its queue): per model,
+    the median over the repetitions of the mean queue and execute time per request, and the requests per execute."""
+    reps = [_run("plain-grpc", 190, rep=i) for i in range(3)]
+    for run, queue_ms in zip(reps, (15.0, 10.0, 12.0), strict=True):
+        run.triton_stats = {"vllm_model": _triton_stats(2048, 2048, queue_ms, 1.5)}
+    reps[1].triton_stats["vllm_core"] = _triton_stats(100, 25, 2.0, 1.0)  # batched: 4 requests per execute
+    reps[2].triton_stats["vllm_core"] = {"executions": 0.0, "success_count": 0.0}  # not used in that repetition
+    bare = _run("bare", 200)  # no Triton: no such table row
+    rows = {row["path"]: row for row in summarize([bare, *reps])}
+    assert rows["bare"]["triton_models"] == {}
+    models = rows["plain-grpc"]["triton_models"]
+    assert models["vllm_model"] == {"queue_ms": 12.0, "execute_ms": 1.5, "per_execute": 1.0}
+    assert models["vllm_core"] == {"queue_ms": 2.0, "execute_ms": 1.0, "per_execute": 4.0}
+    print_table(list(rows.values()))
+    table = capsys.readouterr().out.split("Triton's statistics per request of each model", 1)[1]
+    lines = [line.split() for line in table.splitlines() if line.startswith(("bare", "plain-grpc"))]
+    assert lines == [
+        ["plain-grpc", "256", "64", "vllm_core", "2.00", "1.00", "4.00"],
+        ["plain-grpc", "256", "64", "vllm_model", "12.00", "1.50", "1.00"],
+    ]
+
+
 def test_targets_say_met_or_not_per_level_and_judge_ttft():
     runs = [
         run
