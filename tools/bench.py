@@ -834,6 +834,12 @@ class VllmServeGroup(ServedGroup):
 Group = BareGroup | FrontEndsGroup | TritonGroup | VllmServeGroup
 
 
+def interleaved_turn(groups: list[Any]) -> list[str]:
+    """The paths of --interleave's turn in their order (turn_order over the groups' paths): the schedule's order,
+    and each run's recorded turn_index."""
+    return turn_order([path for group in groups for path in group.paths])
+
+
 def schedule(
     groups: list[Any],
     levels: list[dict[str, Any]],
@@ -851,7 +857,7 @@ def schedule(
     rounds = range(max((reps_of(level) for level in levels), default=0))
     if interleave:
         group_of = {path: group for group in groups for path in group.paths}
-        turn = [(group_of[path], path) for path in turn_order(list(group_of))]
+        turn = [(group_of[path], path) for path in interleaved_turn(groups)]
         return [
             (group, path, rep, level)
             for rep in rounds
@@ -1630,8 +1636,6 @@ async def measure_all(
     total = sum(level["requests"] * reps_of(level) for level in levels) * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
-    turn = turn_order(paths)
-
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
         on_result(
             LevelResult(
@@ -1642,7 +1646,7 @@ async def measure_all(
                 level["requests"],
                 stagger_seconds=level["stagger"],
                 background_load=load.running,
-                turn_index=turn.index(path) if args.interleave else None,
+                turn_index=turn.index(path) if turn else None,
                 **measured,
             )
         )
@@ -1663,6 +1667,7 @@ async def measure_all(
         groups.append(VllmServeGroup(args, served, levels, prompts, setup))
     if triton:
         groups.append(TritonGroup(args, triton, levels, prompts, setup))
+    turn = interleaved_turn(groups) if args.interleave else []
     opened: list[Group] = []
 
     async def start(group: Group) -> None:
