@@ -78,8 +78,8 @@ def check_deployment(deployment: Deployment) -> None:
         if getattr(deployment.core, key) and deployment.entry == "bls":
             # The entry models run the stages themselves; the core's would never be asked for.
             raise ConfigError(
-                f"core.{key} works with entry: ensemble only (entry: bls runs {stage} in the entry"
-                " model); remove it or set entry: ensemble"
+                f"core.{key} does not work with entry: bls (its entry models run {stage} themselves); remove it"
+                " or choose entry: ensemble, plain-bls or plain-core (their streaming model is the ensemble)"
             )
     for key in deployment.engine_env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):

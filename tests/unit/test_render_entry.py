@@ -132,7 +132,7 @@ def test_postprocess_in_sender_makes_the_streaming_ensemble_preprocess_then_core
 
 
 def test_postprocess_in_sender_with_a_bls_entry_is_refused(tmp_path: Path):
-    with pytest.raises(ConfigError, match="core.postprocess_in_sender works with entry: ensemble only"):
+    with pytest.raises(ConfigError, match="core.postprocess_in_sender does not work with entry: bls"):
         load_deployment(_config(tmp_path, entry="bls", core={"postprocess_in_sender": True}))
 
 
@@ -168,6 +168,25 @@ def test_preprocess_threads_alone_make_the_streaming_ensemble_core_then_postproc
     assert 'name: "text_output"' not in files["vllm_core/config.pbtxt"]  # the core gives ENGINE_RESPONSE only
 
 
+def test_plain_core_takes_the_core_stages_for_its_streaming_ensemble(tmp_path: Path):
+    """entry: plain-core's streaming model is the ensemble, so core.preprocess_threads makes it the core alone as
+    with entry: ensemble; the plain model keeps its own preprocess threads (generate.preprocess_threads)."""
+    core = {"front_ends": 2, "postprocess_in_sender": True, "preprocess_threads": 2}
+    doc = _config(
+        tmp_path,
+        entry="plain-core",
+        core=core,
+        engine_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+        health={"restart_engine": False},
+    )
+    files = render(load_deployment(doc), tmp_path / "out")
+    stream = files["vllm_model_stream/config.pbtxt"]
+    assert stream.count("step {") == 1 and 'model_name: "vllm_core"' in stream
+    assert json.loads(files["vllm_core/1/settings.json"])["core"]["preprocess_threads"] == 2
+    assert json.loads(files["vllm_model/1/settings.json"])["core"]["preprocess_threads"] == 4
+    assert {rel.split("/")[0] for rel in files} == {"vllm_model", "vllm_model_stream", "vllm_core"}
+
+
 def test_preprocess_threads_with_a_bls_entry_are_refused(tmp_path: Path):
-    with pytest.raises(ConfigError, match="core.preprocess_threads works with entry: ensemble only"):
+    with pytest.raises(ConfigError, match="core.preprocess_threads does not work with entry: bls"):
         load_deployment(_config(tmp_path, entry="bls", core={"preprocess_threads": 2}))
