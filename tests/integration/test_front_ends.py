@@ -17,7 +17,7 @@ from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY
 from core.step_stats import combine, parse_line
 from tests.integration.test_engine_failure import LONG_ENGINE_ARGS, QUICK_SECONDS, _engine_cores, _kill_in_flight
 from tests.support.reliability_helpers import render_repository, scrape
-from tests.support.triton_helpers import PLAIN_MODEL, grpc_inputs, grpc_stream
+from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream
 from tools.triton_server import start_on_free_ports
 
 pytestmark = pytest.mark.server
@@ -127,12 +127,23 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         server.stop()
 
 
-def test_plain_core_serves_plain_requests_as_front_ends_of_the_cores_engine(tiny_model, tmp_path):
+# The streaming ensemble beside the plain-core model: preprocess model -> core (postprocess in the core's sender: the
+# GPU benchmark deployment's arrangement), or the core alone (the preprocess stage on the core's threads too).
+STREAMING_CORES = {
+    "preprocess-model": {"postprocess_in_sender": True},
+    "core-alone": {"postprocess_in_sender": True, "preprocess_threads": 2},
+}
+
+
+@pytest.mark.parametrize("streaming", sorted(STREAMING_CORES))
+def test_plain_core_serves_plain_requests_as_front_ends_of_the_cores_engine(tiny_model, tmp_path, streaming):
     """entry: plain-core: the plain public model is the core's adapter (not decoupled), its two instances front ends
     2 and 3 of the engine that the core's instance 0 launched. Plain gRPC, HTTP /infer and /generate are answered
     by it (the same greedy text as the streaming ensemble through the core), a bad parameter is INVALID_ARG naming
     it, a client cannot use the BLS callers' control parameters, and the engine's metrics count every request in
-    the core's one series."""
+    the core's one series. The streaming ensemble runs the postprocess stage in the core's sender threads, and with
+    core.preprocess_threads the preprocess stage on the core's threads as well (the ensemble is then the core alone):
+    a bad parameter on a stream is refused by whichever runs it."""
     import requests
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -140,7 +151,7 @@ def test_plain_core_serves_plain_requests_as_front_ends_of_the_cores_engine(tiny
     repository = render_repository(
         tmp_path / "repository",
         entry="plain-core",
-        core={"front_ends": FRONT_ENDS},
+        core={"front_ends": FRONT_ENDS, **STREAMING_CORES[streaming]},
         generate={"instances": 2, "preprocess_threads": 2},
         health={"restart_engine": False},
         metrics=True,
@@ -148,7 +159,11 @@ def test_plain_core_serves_plain_requests_as_front_ends_of_the_cores_engine(tiny
     )
     config = (repository / PLAIN_MODEL / "config.pbtxt").read_text()
     assert 'backend: "python"' in config and "decoupled" not in config
-    assert not (repository / "generate").exists()  # the streaming ensemble keeps its stage models
+    assert not (repository / "generate").exists()
+    streaming_steps = (repository / STREAM_MODEL / "config.pbtxt").read_text().count("step {")
+    assert streaming_steps == (1 if streaming == "core-alone" else 2)
+    assert not (repository / "postprocess").exists()  # the core's sender threads run it
+    assert (repository / "preprocess").exists() == (streaming == "preprocess-model")
     log = tmp_path / "tritonserver.log"
     server = start_on_free_ports(repository, log, environment={CORE_STATS_KEY: "1"})
     try:
@@ -161,6 +176,8 @@ def test_plain_core_serves_plain_requests_as_front_ends_of_the_cores_engine(tiny
         deltas = grpc_stream(server.grpc_url, grpc_inputs(prompt, GREEDY, stream=True))
         streamed = "".join(d["text_output"][0].decode() for d, _ in deltas)
         assert prompt + streamed == plain[prompt], (streamed, plain[prompt])
+        with pytest.raises(InferenceServerException, match="temperature"):
+            grpc_stream(server.grpc_url, grpc_inputs(prompt, {"temperature": -1}, stream=True))
         # `stream` asked of the plain model: one response all the same, the prompt not echoed (the backend's rule)
         one = client.infer(PLAIN_MODEL, grpc_inputs(prompt, GREEDY, stream=True), client_timeout=120)
         assert one.as_numpy("text_output")[0].decode() == streamed
