@@ -5,7 +5,7 @@ same model, engine args and engine environment (those of one deployment file).
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
         [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR]
         [--merge [--fill-to 3]]
-        [--interleave] [--profile] [--quick]
+        [--interleave [--one-stream-slices 8]] [--profile] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
         [--background-load-alternate] [--out .bench] [--report]
 
@@ -53,7 +53,10 @@ measures each level on every path in turn (turn_order: each of ours beside the p
 reverse order every other repetition of the level, merged commands included), so the paths compared are measured
 seconds apart, not minutes: the table's "paired" column, and the targets where it exists, is the median over the
 repetitions of each one's ratio (each repetition's is printed with a target; a target is judged "met" or "NOT met"
-from 3 repetitions, the performance issue's rule, and "not judged" from fewer). `--merge` adds this command's runs
+from 3 repetitions, the performance issue's rule, and "not judged" from fewer). `--one-stream-slices N` with
+--interleave measures each one-stream level in N slices of its requests, the turn once per slice, each path's slices
+added up to its repetition (results record `slices`): at one stream a path's level is 4-15 s, long enough for the
+machine's slow spells to fall on one path and not the next. `--merge` adds this command's runs
 to OUT/results.json (a long run split over several commands: one table and plot in the end; `--fill-to N` instead
 of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit stopped is completed by
 the next command); `--report` measures nothing and prints OUT/results.json's table and targets (a run merged on
@@ -126,6 +129,7 @@ from tools.bench_clients import (  # noqa: E402
     Runner,
     engine_sender,
     open_runner,
+    split,
 )
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
@@ -259,6 +263,9 @@ class LevelResult:
     background_load: int = 0
     # --interleave: its place in the turn of the paths (turn_order; None: not interleaved, or an older bench)
     turn_index: int | None = None
+    # --one-stream-slices: the level was measured in this many slices, the turn once per slice, and this result adds
+    # up its path's slices (1: the whole level at once, as every run before)
+    slices: int = 1
 
     @property
     def tokens_per_second(self) -> float:
@@ -597,6 +604,44 @@ async def measure(
     }
 
 
+def add_slices(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One path's slices of a level (measure's results, --one-stream-slices) as one measurement: its time, tokens and
+    CPU added up, its requests' latencies and first tokens together. (--profile's per-level readings are refused with
+    slices: they describe one stretch of time.)"""
+
+    def total(key: str) -> float | None:
+        values = [part[key] for part in parts]
+        return None if any(value is None for value in values) else sum(values)
+
+    return {
+        "wall": total("wall"),
+        "output_tokens": total("output_tokens"),
+        "cpu_seconds": total("cpu_seconds"),
+        "latencies": [latency for part in parts for latency in part["latencies"]],
+        "ttfts": [ttft for part in parts for ttft in part["ttfts"]],
+        "client_cpu_seconds": total("client_cpu_seconds"),
+    }
+
+
+class SlicedLevels:
+    """--one-stream-slices: each path's slices of a level held until the last one is in, then added up."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
+
+    def complete(self, path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any] | None:
+        """The path's whole measurement of the level's repetition once `measured` completes it, else None."""
+        slices = level.get("slices", 1)
+        if slices == 1:
+            return measured
+        key = (path, rep, level["max_tokens"], level["concurrency"])
+        parts = self._parts.setdefault(key, [])
+        parts.append(measured)
+        if len(parts) < slices:
+            return None
+        return add_slices(self._parts.pop(key))
+
+
 # Engine groups: one engine start each, measured a level of a path at a time ---------------------------------
 
 
@@ -840,12 +885,27 @@ def interleaved_turn(groups: list[Any]) -> list[str]:
     return turn_order([path for group in groups for path in group.paths])
 
 
+def one_stream_slices(level: dict[str, Any], slices: int) -> list[dict[str, Any]]:
+    """--one-stream-slices: a one-stream level as `slices` levels of its requests shared out (each knows its place and
+    the whole level's requests), other levels as they are. At one stream a request takes 0.1-0.5 s, so a level of 32
+    is 4-15 s a path, long enough for the machine's slow spells to fall on one path's level and not the next one's;
+    slices of a few requests, the turn once per slice, put the paths compared within a second or two of each other."""
+    if level["concurrency"] != 1 or slices <= 1:
+        return [level]
+    shares = [share for share in split(level["requests"], slices) if share]
+    return [
+        {**level, "requests": share, "slice": index, "slices": len(shares), "level_requests": level["requests"]}
+        for index, share in enumerate(shares)
+    ]
+
+
 def schedule(
     groups: list[Any],
     levels: list[dict[str, Any]],
     interleave: bool,
     reps_of: Callable[[dict[str, Any]], int],
     done: Callable[[dict[str, Any]], int] = lambda level: 0,
+    slices: int = 1,
 ):
     """The order of the measurements, as (group, path, rep, level). One after the other: every level of a path
     before the next path, every path of a group before the next group. Interleaved: each level of one repetition
@@ -853,17 +913,20 @@ def schedule(
     seconds apart, not minutes (the machine's own speed drifts more than that: docs/performance-gpu.md); in the
     reverse order in every other repetition of the level (`done(level)`: its repetitions already in a merged
     results file), so that a path's place in the turn (first after the level before, or last) is not part of
-    its paired ratio. `reps_of(level)`: the level's repetitions (--reps, or what --fill-to found lacking)."""
+    its paired ratio. `reps_of(level)`: the level's repetitions (--reps, or what --fill-to found lacking).
+    `slices` (interleaved only): a one-stream level in that many slices (one_stream_slices), the turn once per
+    slice, reversed every other slice."""
     rounds = range(max((reps_of(level) for level in levels), default=0))
     if interleave:
         group_of = {path: group for group in groups for path in group.paths}
         turn = [(group_of[path], path) for path in interleaved_turn(groups)]
         return [
-            (group, path, rep, level)
+            (group, path, rep, part)
             for rep in rounds
             for level in levels
             if rep < reps_of(level)
-            for group, path in (turn if (done(level) + rep) % 2 == 0 else turn[::-1])
+            for part in one_stream_slices(level, slices)
+            for group, path in (turn if (done(level) + rep + part.get("slice", 0)) % 2 == 0 else turn[::-1])
         ]
     return [
         (group, path, rep, level)
@@ -1636,18 +1699,24 @@ async def measure_all(
     total = sum(level["requests"] * reps_of(level) for level in levels) * len(paths)
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
+    sliced = SlicedLevels()
+
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
+        whole = sliced.complete(path, rep, level, measured)
+        if whole is None:  # a slice of a level whose path has slices to come
+            return
         on_result(
             LevelResult(
                 path,
                 level["max_tokens"],
                 level["concurrency"],
                 rep,
-                level["requests"],
+                level.get("level_requests", level["requests"]),
                 stagger_seconds=level["stagger"],
                 background_load=load.running,
                 turn_index=turn.index(path) if turn else None,
-                **measured,
+                slices=level.get("slices", 1),
+                **whole,
             )
         )
 
@@ -1679,7 +1748,7 @@ async def measure_all(
         if args.interleave:  # every engine up (one after the other) before the first level
             for group in groups:
                 await start(group)
-        for group, path, rep, level in schedule(groups, levels, args.interleave, reps_of, done):
+        for group, path, rep, level in schedule(groups, levels, args.interleave, reps_of, done, args.one_stream_slices):
             if group not in opened:  # one group at a time: the one before is done
                 while opened:
                     await opened.pop().close()
@@ -1778,6 +1847,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start every engine first, then measure each level on every path in turn (paired repetitions)",
     )
+    parser.add_argument(
+        "--one-stream-slices",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --interleave: measure each one-stream level in N slices of its requests, the turn of the paths once"
+        " per slice (reversed every other slice); each path's slices add up to its repetition, so the paths compared"
+        " at one stream are measured within a second or two of each other, not 4-15 s apart (1: the whole level at"
+        " once)",
+    )
     parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument(
@@ -1860,6 +1939,10 @@ def main(argv: list[str] | None = None) -> int:
         return report_only(args.out)
     if args.fill_to is not None and not args.merge:
         parser.error("--fill-to counts the repetitions in OUT/results.json: it needs --merge")
+    if args.one_stream_slices < 1:
+        parser.error("--one-stream-slices must be 1 or more")
+    if args.one_stream_slices > 1 and (not args.interleave or args.profile):
+        parser.error("--one-stream-slices takes the turn of --interleave, and --profile's readings are per level")
     args.variables = dict(args.set)
 
     results = ResultsFile(

@@ -14,6 +14,7 @@ import pytest
 from tools.bench import (
     LevelResult,
     ResultsFile,
+    SlicedLevels,
     baseline_of,
     load_runs,
     noise_lines,
@@ -590,6 +591,64 @@ def test_stagger_spreads_the_streams_first_requests_over_it():
     # the second of two client processes sharing a level: its streams (0.1, 0.3, 0.5, 0.7) fall between the first
     # one's; the last request takes the first slot freed (1.1, after the request that started at 0.6)
     assert _request_starts(0.8, phase=0.5) == pytest.approx([0.1, 0.3, 0.5, 0.6, 0.7, 0.8, 1.0, 1.1], abs=1e-6)
+
+
+def test_a_one_stream_level_in_slices_takes_the_turn_once_per_slice():
+    bare, triton = _Group("bare", "bare-stream"), _Group("plain-grpc", "stream-grpc")
+    levels = [{"concurrency": 1, "requests": 10}, {"concurrency": 64, "requests": 512}]
+    order = [(path, level) for _, path, _, level in schedule([bare, triton], levels, True, lambda level: 1, slices=4)]
+    turn = ["plain-grpc", "bare", "bare-stream", "stream-grpc"]
+    one_stream = [path for path, level in order if level["concurrency"] == 1]
+    # the turn once per slice, reversed every other slice: each path first as often as last
+    assert one_stream == turn + turn[::-1] + turn + turn[::-1]
+    for path in turn:  # each path's slices share out the level's requests and know the whole
+        slices = [level for measured, level in order if measured == path and level["concurrency"] == 1]
+        assert [level["requests"] for level in slices] == [3, 3, 2, 2]
+        assert [level["slice"] for level in slices] == [0, 1, 2, 3]
+        assert {(level["slices"], level["level_requests"]) for level in slices} == {(4, 10)}
+    # a loaded level is measured whole, once per path, as without slices
+    assert [level["requests"] for path, level in order if level["concurrency"] == 64] == [512] * 4
+    # fewer requests than slices: no empty slice
+    few = schedule([triton], [{"concurrency": 1, "requests": 2}], True, lambda level: 1, slices=4)
+    assert [level["requests"] for _, _, _, level in few] == [1, 1, 1, 1] and few[0][3]["slices"] == 2
+    # not interleaved: no turn to slice, the levels whole
+    assert len(schedule([bare, triton], levels, False, lambda level: 1, slices=4)) == 8
+
+
+def test_a_paths_slices_add_up_to_one_measurement_of_the_level():
+    sliced = SlicedLevels()
+    level = {"concurrency": 1, "max_tokens": 64, "requests": 2, "slices": 2, "level_requests": 4}
+
+    def part(wall: float, latencies: list[float], cpu: float | None) -> dict:
+        ttfts = [latency / 10 for latency in latencies]
+        tokens = 64 * len(latencies)
+        return {"wall": wall, "output_tokens": tokens, "cpu_seconds": cpu, "latencies": latencies, "ttfts": ttfts,
+                "client_cpu_seconds": 0.5}  # fmt: skip
+
+    assert sliced.complete("bare", 0, level, part(0.2, [0.1, 0.1], 1.0)) is None  # a slice to come
+    assert sliced.complete("plain-grpc", 0, level, part(0.3, [0.15, 0.15], None)) is None  # another path's
+    whole = sliced.complete("bare", 0, {**level, "requests": 2}, part(0.4, [0.2, 0.2], 2.0))
+    assert whole == {
+        "wall": pytest.approx(0.6), "output_tokens": 256, "cpu_seconds": pytest.approx(3.0),
+        "latencies": [0.1, 0.1, 0.2, 0.2], "ttfts": [0.01, 0.01, 0.02, 0.02], "client_cpu_seconds": 1.0,
+    }  # fmt: skip
+    result = LevelResult("bare", 64, 1, 0, 4, **whole)
+    assert result.tokens_per_second == pytest.approx(256 / 0.6)  # the path's tokens over its own time, all slices
+    # a CPU reading missing in one slice is missing for the level, not a part of it
+    assert sliced.complete("plain-grpc", 0, level, part(0.3, [0.15, 0.15], 1.0))["cpu_seconds"] is None
+    # a level measured whole passes through
+    whole_level = {"concurrency": 64, "max_tokens": 64, "requests": 8}
+    measured = part(1.0, [0.5], 1.0)
+    assert sliced.complete("bare", 0, whole_level, measured) is measured
+
+
+def test_one_stream_slices_need_the_turn_of_interleave(tmp_path: Path, capsys):
+    import tools.bench as bench
+
+    for options in (["--one-stream-slices", "4"], ["--one-stream-slices", "4", "--interleave", "--profile"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--paths", "bare", *options, "--out", str(tmp_path)])
+        assert "--one-stream-slices takes the turn of --interleave" in capsys.readouterr().err
 
 
 def test_fill_to_measures_only_the_repetitions_each_level_lacks(tmp_path: Path):
