@@ -126,6 +126,10 @@ class CoreModelSettings(CoreSettings):
     # The plain public model (entry: plain-core): every request through the preprocess stage on the core's threads
     # and the postprocess stage in its senders, answered with one response (vLLM's FINAL_ONLY output).
     plain: bool = False
+    # The plain public model only (generate.watch_cancels): probe each request's sender for the client's cancel (the
+    # engine's watcher, every CANCEL_POLL_SECONDS) and abort its engine request. The core's own requests are ensemble
+    # steps or BLS children, where Triton 2.51 never shows a cancel.
+    watch_cancels: bool = False
 
     @model_validator(mode="after")
     def _shared_engine_across_models(self) -> CoreModelSettings:

@@ -74,6 +74,12 @@ def check_deployment(deployment: Deployment) -> None:
         problem = shared_engine_problem(deployment, deployment.engine_front_ends, "entry: plain-core")
         if problem:
             raise ConfigError(problem)
+    if deployment.generate.watch_cancels and deployment.entry != "plain-core":
+        # entry: bls watches always; in an ensemble (or a BLS child) Triton 2.51 never shows a cancel to the step
+        raise ConfigError(
+            f"generate.watch_cancels works with entry: plain-core only (entry: {deployment.entry}); entry: bls"
+            " watches cancels always, and a model inside an ensemble never sees one"
+        )
     for key, stage in (("postprocess_in_sender", "postprocess"), ("preprocess_threads", "preprocess")):
         if getattr(deployment.core, key) and deployment.entry == "bls":
             # The entry models run the stages themselves; the core's would never be asked for.

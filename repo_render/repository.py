@@ -273,6 +273,7 @@ def _plain_core(
         },
         engine_clients=EngineClients(engine_model=names.core, first=core.front_ends, total=clients),
         plain=True,
+        watch_cancels=deployment.generate.watch_cancels,
     )
     # The same classes and settings as the stage models' stage.json (one derivation, above).
     stages = {stage: json.loads(files[f"{getattr(names, stage)}/1/{STAGE_FILE}"]) for stage in STAGE_ROLES}

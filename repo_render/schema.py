@@ -76,6 +76,10 @@ class GenerateConfig(Section):
     # With entry: plain-core, the threads of each plain front end that run the preprocess stage (tokenizing releases
     # the GIL, so a burst of requests is tokenized side by side)
     preprocess_threads: int = Field(4, ge=1, le=64)
+    # With entry: plain-core, the plain model probes each request it serves for the client's cancel (a gRPC deadline
+    # or cancel, a closed HTTP connection) every 0.5 s and aborts its engine request. Off by default: each probe is an
+    # IPC round trip to tritonserver from the front end's process (entry: bls pays for the same watch).
+    watch_cancels: bool = False
 
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")

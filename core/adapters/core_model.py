@@ -89,6 +89,7 @@ class CoreModel:
         loras = lora_adapters(model_dir / LORA_FILE, Path(args["model_repository"]).parent)
         settings = load_settings(CoreModelSettings, model_dir)
         self.plain = settings.plain
+        self.watch_cancels = settings.plain and settings.watch_cancels
         # The deployment's engine_env, before vLLM reads it; the EngineCore process inherits it.
         os.environ.update(settings.engine_env)
         prepare_process_environment()  # before anything imports vLLM
@@ -337,11 +338,13 @@ class CoreModel:
     def _submit(
         self, engine_request: EngineRequest, sender: CoreSender, outbox: queue.SimpleQueue[Outgoing | None], key: str
     ) -> None:
-        # No is_cancelled probe here: the core's requests are ensemble steps or BLS children, where it never
-        # turns true on 2.51, and each probe is an IPC round trip (~0.3 s each measured in a busy stub). Entry
-        # models see the client's cancel and abort by key instead.
+        # The core's requests are ensemble steps or BLS children, where is_cancelled never turns true on 2.51, and
+        # each probe is an IPC round trip (~0.3 s each measured in a busy stub): no probe; entry models see the
+        # client's cancel and abort by key. The plain model (entry: plain-core) is the client's own model: its
+        # requests are probed if the deployment asks (generate.watch_cancels).
+        is_cancelled = sender.is_cancelled if self.watch_cancels else never_cancelled
         sender.engine_request_id = self.engine.submit(
-            engine_request, _emitter(outbox, sender, self.stats), never_cancelled, key=key
+            engine_request, _emitter(outbox, sender, self.stats), is_cancelled, key=key
         )
 
     def finalize(self) -> None:

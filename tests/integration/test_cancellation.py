@@ -1,8 +1,9 @@
 """A client's cancel stops generation in the engine (docs/platform-notes.md T5), measured with vLLM's own gauges.
 
-The server here renders the deployment with `entry: bls` (Python entry models instead of ensembles: on Triton
+The main server here renders the deployment with `entry: bls` (Python entry models instead of ensembles: on Triton
 2.51 a cancel never reaches a step inside an ensemble) and metrics enabled, so vLLM's running/waiting gauges
-are readable in /metrics. CANCEL_STREAMS (default 200) sizes the main test.
+are readable in /metrics. CANCEL_STREAMS (default 200) sizes the main test. A second server renders `entry:
+plain-core` with `generate.watch_cancels` (its plain model is the core itself, the client's own model).
 
 The tiny model generates a long request in about a second, so "the engine is free soon" alone would also pass
 with no cancel at all: each test also counts the tokens the engine generated (vLLM's generation-token counter)
@@ -172,6 +173,47 @@ def test_grpc_plain_request_timeout_aborts_the_engine_request(bls_server):
     # Triton notices a unary RPC's deadline later than a stream cancel (measured 2.3-3.5 s on a busy machine)
     assert freed is not None and freed <= 6.0
     assert made <= VERY_LONG["max_tokens"] * 3 / 4  # the slow deadline notice above costs tokens
+
+
+@pytest.fixture(scope="module")
+def plain_core_server(tiny_model, tmp_path_factory):
+    """entry: plain-core with generate.watch_cancels: the plain public model is the core's adapter itself, the
+    client's own model, so it can see a plain client's cancel; the streaming one stays the ensemble."""
+    work = tmp_path_factory.mktemp("plain-core")
+    repository = render_repository(
+        work / "repository",
+        entry="plain-core",
+        metrics=True,
+        engine_args=default_engine_args(max_model_len=2048),
+        generate={"instances": 1, "watch_cancels": True},
+        health={"restart_engine": False},
+        engine_env={"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
+    server = start_server(repository, work / "tritonserver.log")
+    yield server
+    server.stop()
+
+
+def test_plain_core_watching_cancels_aborts_a_timed_out_plain_request(plain_core_server):
+    """Without generate.watch_cancels this request would run to its 2000 tokens (as every plain request of an
+    ensemble does, docs/reliability.md); with it the engine is freed after the client's deadline."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    server = plain_core_server
+    tokens_before = generated_tokens(server)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        client.infer(PLAIN_MODEL, grpc_inputs(PROMPT, VERY_LONG, exclude_input_in_output=True), client_timeout=0.25)
+    freed = wait_for(lambda: in_engine(server) == 0, 10)
+    made = generated_tokens(server) - tokens_before
+    print(f"\nplain-core, gRPC deadline: engine free {freed}s after the client's timeout, {made:.0f} tokens made")
+    assert freed is not None and freed <= 6.0  # Triton notices a unary deadline in seconds (the bls test above)
+    assert made <= VERY_LONG["max_tokens"] * 3 / 4
+    # the model goes on serving: a request that is not cancelled is answered whole
+    answer = client.infer(PLAIN_MODEL, grpc_inputs(PROMPT, ONE, exclude_input_in_output=True), client_timeout=60)
+    client.close()
+    assert answer.as_numpy("text_output")[0] and generated_tokens(server) - tokens_before - made == ONE["max_tokens"]
 
 
 # A client process with three long requests open: a plain gRPC infer, a gRPC stream and an SSE stream.

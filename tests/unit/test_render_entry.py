@@ -190,3 +190,25 @@ def test_plain_core_takes_the_core_stages_for_its_streaming_ensemble(tmp_path: P
 def test_preprocess_threads_with_a_bls_entry_are_refused(tmp_path: Path):
     with pytest.raises(ConfigError, match="core.preprocess_threads does not work with entry: bls"):
         load_deployment(_config(tmp_path, entry="bls", core={"preprocess_threads": 2}))
+
+
+def test_plain_core_watches_cancels_in_its_plain_model_only_when_asked(tmp_path: Path):
+    """generate.watch_cancels: the plain model (the client's own) probes its requests for the client's cancel; the
+    core's requests are ensemble steps, where a cancel never shows, so the core never probes. Off by default."""
+    shared = {"entry": "plain-core", "engine_env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+    shared["health"] = {"restart_engine": False}
+    watched = render(
+        load_deployment(_config(tmp_path, **shared, generate={"watch_cancels": True})), tmp_path / "watched"
+    )
+    plain = CoreModelSettings.model_validate_json(watched["vllm_model/1/settings.json"])
+    core = CoreModelSettings.model_validate_json(watched["vllm_core/1/settings.json"])
+    assert plain.plain and plain.watch_cancels and not core.watch_cancels
+    unwatched = render(load_deployment(_config(tmp_path, **shared)), tmp_path / "unwatched")
+    assert not CoreModelSettings.model_validate_json(unwatched["vllm_model/1/settings.json"]).watch_cancels
+
+
+@pytest.mark.parametrize("entry", ["ensemble", "plain-bls", "bls"])
+def test_watch_cancels_outside_plain_core_is_refused(tmp_path: Path, entry: str):
+    expected = f"generate.watch_cancels works with entry: plain-core only \\(entry: {entry}"
+    with pytest.raises(ConfigError, match=expected):
+        load_deployment(_config(tmp_path, entry=entry, generate={"watch_cancels": True}))
