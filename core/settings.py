@@ -139,6 +139,12 @@ class CoreModelSettings(CoreSettings):
                 raise ValueError(problem)
         return self
 
+    @model_validator(mode="after")
+    def _cancels_watched_by_the_plain_model_only(self) -> CoreModelSettings:
+        if self.watch_cancels and not self.plain:
+            raise ValueError("watch_cancels is the plain model's (plain: true): the core's requests show no cancel")
+        return self
+
     def clients_of(self, model_name: str) -> EngineClients:
         """The front ends of the engine this model serves: its own (`core.front_ends`, named after it) unless the
         renderer wrote them (the core's, for entry: plain-core)."""

@@ -89,7 +89,7 @@ class CoreModel:
         loras = lora_adapters(model_dir / LORA_FILE, Path(args["model_repository"]).parent)
         settings = load_settings(CoreModelSettings, model_dir)
         self.plain = settings.plain
-        self.watch_cancels = settings.plain and settings.watch_cancels
+        self.watch_cancels = settings.watch_cancels
         # The deployment's engine_env, before vLLM reads it; the EngineCore process inherits it.
         os.environ.update(settings.engine_env)
         prepare_process_environment()  # before anything imports vLLM

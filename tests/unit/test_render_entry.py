@@ -205,6 +205,8 @@ def test_plain_core_watches_cancels_in_its_plain_model_only_when_asked(tmp_path:
     assert plain.plain and plain.watch_cancels and not core.watch_cancels
     unwatched = render(load_deployment(_config(tmp_path, **shared)), tmp_path / "unwatched")
     assert not CoreModelSettings.model_validate_json(unwatched["vllm_model/1/settings.json"]).watch_cancels
+    with pytest.raises(ValueError, match="watch_cancels is the plain model's"):  # the core's settings cannot ask
+        CoreModelSettings(watch_cancels=True)
 
 
 @pytest.mark.parametrize("entry", ["ensemble", "plain-bls", "bls"])
