@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ if not log.handlers:  # the stub's Python configures no logging: warnings would 
 Emit = Callable[[EngineResponse | None, Exception | None, bool], None]
 
 CANCEL_POLL_SECONDS = 0.5
+PROBE_THREADS = 32  # the watcher's probes in flight at once (as the entry models' watchers)
 EARLY_ABORTS_KEPT = 4096
 HEALTH_POLL_SECONDS = 0.25  # how often the supervisor looks at vLLM's own `errored` flag
 DRAIN_SECONDS = 5.0  # after a death, how long in-flight requests get to receive vLLM's EngineDeadError
@@ -108,11 +110,18 @@ class _FinalOnce:
 
 @dataclass
 class _Live:
-    is_cancelled: Callable[[], bool]
+    is_cancelled: Callable[[], bool] | None
     emit: _FinalOnce
     key: str = ""
     task: asyncio.Task | None = None
     cancel_requested: bool = False
+
+
+def _probe(is_cancelled: Callable[[], bool]) -> bool:
+    try:
+        return bool(is_cancelled())
+    except Exception:  # noqa: BLE001 - a probe that fails means the request is gone
+        return True
 
 
 class Engine:
@@ -364,12 +373,15 @@ class Engine:
 
     # Requests ----------------------------------------------------------------------------------------------
 
-    def submit(self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool], key: str = "") -> str | None:
+    def submit(
+        self, request: EngineRequest, emit: Emit, is_cancelled: Callable[[], bool] | None, key: str = ""
+    ) -> str | None:
         """Start generating; thread-safe, returns the request id at once (None if refused).
 
-        `is_cancelled` is polled every CANCEL_POLL_SECONDS from a watcher thread (never from the engine loop:
-        on Triton it is an IPC round trip); when it turns true, or `cancel(id)` is called, the request is
-        aborted in vLLM and gets a final Unavailable error. A non-empty `key` lets `cancel_key(key)` abort it.
+        `is_cancelled` (None: nothing to watch) is polled every CANCEL_POLL_SECONDS from a watcher thread, the
+        live requests' probes side by side (never from the engine loop: on Triton each is an IPC round trip); when
+        it turns true, or `cancel(id)` is called, the request is aborted in vLLM and gets a final Unavailable error.
+        A non-empty `key` lets `cancel_key(key)` abort it.
         """
         if self._loop is None or self._llm is None or self.errored:
             reason = self._down_reason
@@ -447,17 +459,26 @@ class Engine:
             live.task.cancel()
 
     def _watch_cancellations(self) -> None:
+        probes: ThreadPoolExecutor | None = None  # started with the first request that has a probe
         while not self._closing.wait(CANCEL_POLL_SECONDS):
             with self._live_lock:
-                live = [(rid, item) for rid, item in self._live.items() if not item.cancel_requested]
-            for request_id, item in live:
-                try:
-                    cancelled = item.is_cancelled()
-                except Exception:  # noqa: BLE001 - a probe that fails means the request is gone
-                    cancelled = True
+                live = [
+                    (request_id, item.is_cancelled)
+                    for request_id, item in self._live.items()
+                    if item.is_cancelled is not None and not item.cancel_requested
+                ]
+            if not live:
+                continue
+            if probes is None:
+                probes = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="vllm-cancel-probe")
+            # Side by side: on Triton each probe is an IPC round trip that queues behind the stub's responses
+            # (~0.3 s each measured in a busy stub), so one sweep after the other would outlast the poll many times.
+            for (request_id, _), cancelled in zip(live, probes.map(_probe, (probe for _, probe in live)), strict=True):
                 if cancelled:
                     log.info("request %s: cancelled by the client", request_id)
                     self.cancel(request_id)
+        if probes is not None:
+            probes.shutdown(wait=False)
 
     def _sampling_params(self, request: EngineRequest) -> Any:
         return sampling_params(request, offload_detokenization=self._sync_ids is not None)

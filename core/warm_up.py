@@ -61,7 +61,7 @@ def warm_up(engine: Submits, stream: bool, timeout: float = WARM_UP_SECONDS) -> 
             done.set()
 
     request = EngineRequest(sampling=dict(WARM_UP_SAMPLING), prompt_token_ids=list(WARM_UP_PROMPT), stream=stream)
-    engine.submit(request, emit, lambda: False)
+    engine.submit(request, emit, None)
     if not done.wait(timeout):
         return responses, f"did not end within {timeout:g} s"
     if errors:

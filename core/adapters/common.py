@@ -49,10 +49,6 @@ def child_error(error: Any) -> Any:
     return pb_utils.TritonError(message, code)
 
 
-def never_cancelled() -> bool:
-    return False
-
-
 def request_parameters(request: Any) -> dict[str, Any]:
     raw = request.parameters()
     return json.loads(raw) if raw else {}

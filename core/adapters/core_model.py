@@ -28,7 +28,6 @@ from core.adapters.common import (
     LoadedStage,
     document_tensor,
     lora_adapters,
-    never_cancelled,
     request_parameters,
     triton_error,
     version_dir,
@@ -342,7 +341,7 @@ class CoreModel:
         # each probe is an IPC round trip (~0.3 s each measured in a busy stub): no probe; entry models see the
         # client's cancel and abort by key. The plain model (entry: plain-core) is the client's own model: its
         # requests are probed if the deployment asks (generate.watch_cancels).
-        is_cancelled = sender.is_cancelled if self.watch_cancels else never_cancelled
+        is_cancelled = sender.is_cancelled if self.watch_cancels else None
         sender.engine_request_id = self.engine.submit(
             engine_request, _emitter(outbox, sender, self.stats), is_cancelled, key=key
         )

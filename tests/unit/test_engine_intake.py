@@ -1,35 +1,14 @@
 """The engine's intake (core/engine.py): requests submitted from Triton's threads reach the engine loop in their
 order, with one wake-up of the loop for all that arrive while it is busy (each wake-up is a GIL-releasing write
-that costs a busy stub up to a switch interval). No Triton, no vLLM: the loop's task start is recorded instead."""
+that costs a busy stub up to a switch interval). No Triton, no vLLM (tests/support/recording_engine.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from core.engine import Engine
 from core.protocol import EngineRequest
-
-
-class RecordingEngine(Engine):
-    """An Engine whose vLLM is a stand-in and whose loop records each request it takes in."""
-
-    def __init__(self) -> None:
-        super().__init__({}, offload_detokenization=False)
-        self.taken: list[str] = []
-
-    def _new_llm(self) -> object:
-        class StandIn:
-            tokenizer = None
-            errored = False
-
-            def shutdown(self) -> None:
-                pass
-
-        return StandIn()
-
-    def _start_task(self, request_id: str, request: EngineRequest, submitted: float) -> None:
-        self.taken.append(request_id)
+from tests.support.recording_engine import RecordingEngine
 
 
 def test_requests_that_arrive_while_the_loop_is_busy_are_taken_in_order_with_one_wake_up():
