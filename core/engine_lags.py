@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core.averages import mean, weighted_mean
+
 
 @dataclass(frozen=True)
 class LagSnapshot:
@@ -84,23 +86,19 @@ def combine(snapshots: list[LagSnapshot]) -> LagSnapshot | None:
     if not requests and not outputs:
         return None
 
-    def weighted(name: str, count: str, total: int) -> float:
-        return _mean(sum(getattr(snap, name) * getattr(snap, count) for snap in snapshots), total)
+    def weighted(name: str, count: str) -> float:
+        return weighted_mean((getattr(snap, name), getattr(snap, count)) for snap in snapshots)
 
     return LagSnapshot(
         requests=requests,
-        intake_ms=weighted("intake_ms", "requests", requests),
+        intake_ms=weighted("intake_ms", "requests"),
         outputs=outputs,
-        return_ms=weighted("return_ms", "outputs", outputs),
+        return_ms=weighted("return_ms", "outputs"),
         finished=finished,
-        queue_ms=weighted("queue_ms", "finished", finished),
-        prefill_ms=weighted("prefill_ms", "finished", finished),
-        token_ms=weighted("token_ms", "finished", finished),
+        queue_ms=weighted("queue_ms", "finished"),
+        prefill_ms=weighted("prefill_ms", "finished"),
+        token_ms=weighted("token_ms", "finished"),
     )
-
-
-def _mean(total: float, count: int) -> float:
-    return total / count if count else 0.0
 
 
 @dataclass
@@ -155,11 +153,11 @@ class EngineLags:
             totals, self._totals = self._totals, _Totals()
         return LagSnapshot(
             requests=totals.requests,
-            intake_ms=1000 * _mean(totals.intake, totals.requests),
+            intake_ms=1000 * mean(totals.intake, totals.requests),
             outputs=totals.outputs,
-            return_ms=1000 * _mean(totals.back, totals.outputs),
+            return_ms=1000 * mean(totals.back, totals.outputs),
             finished=totals.finished,
-            queue_ms=1000 * _mean(totals.queue, totals.finished),
-            prefill_ms=1000 * _mean(totals.prefill, totals.finished),
-            token_ms=1000 * _mean(totals.per_token, totals.finished),
+            queue_ms=1000 * mean(totals.queue, totals.finished),
+            prefill_ms=1000 * mean(totals.prefill, totals.finished),
+            token_ms=1000 * mean(totals.per_token, totals.finished),
         )

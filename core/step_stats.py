@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core.averages import mean, weighted_mean
+
 
 @dataclass(frozen=True)
 class StepSnapshot:
@@ -122,27 +124,22 @@ def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
         return None
     steps = sum(snap.steps for snap in busy)
     prefill_steps = sum(snap.prefill_steps for snap in busy)
-    decode_steps = sum(snap.decode_steps for snap in busy)
     return StepSnapshot(
         seconds=sum(snap.seconds for snap in busy),
         busy_seconds=sum(snap.busy_seconds for snap in busy),
         steps=steps,
-        running_mean=_mean(sum(snap.running_mean * snap.steps for snap in busy), steps),
+        running_mean=weighted_mean((snap.running_mean, snap.steps) for snap in busy),
         running_max=max(snap.running_max for snap in busy),
-        waiting_mean=_mean(sum(snap.waiting_mean * snap.steps for snap in busy), steps),
+        waiting_mean=weighted_mean((snap.waiting_mean, snap.steps) for snap in busy),
         generation_tokens=sum(snap.generation_tokens for snap in snapshots),
         prompt_tokens=sum(snap.prompt_tokens for snap in snapshots),
         detailed_steps=sum(snap.detailed_steps for snap in busy),
         prefill_steps=prefill_steps,
         decode_busy_seconds=sum(snap.decode_busy_seconds for snap in busy),
-        decode_wait_ms=_mean(sum(snap.decode_wait_ms * snap.decode_steps for snap in busy), decode_steps),
-        prefill_wait_ms=_mean(sum(snap.prefill_wait_ms * snap.prefill_steps for snap in busy), prefill_steps),
+        decode_wait_ms=weighted_mean((snap.decode_wait_ms, snap.decode_steps) for snap in busy),
+        prefill_wait_ms=weighted_mean((snap.prefill_wait_ms, snap.prefill_steps) for snap in busy),
         timed=all(snap.timed for snap in snapshots),
     )
-
-
-def _mean(total: float, count: int) -> float:
-    return total / count if count else 0.0
 
 
 @dataclass
@@ -210,15 +207,15 @@ class EngineSteps:
             seconds=now - since,
             busy_seconds=totals.busy,
             steps=totals.steps,
-            running_mean=_mean(totals.running, totals.steps),
+            running_mean=mean(totals.running, totals.steps),
             running_max=totals.running_max,
-            waiting_mean=_mean(totals.waiting, totals.steps),
+            waiting_mean=mean(totals.waiting, totals.steps),
             generation_tokens=totals.generation,
             prompt_tokens=totals.prompt,
             detailed_steps=totals.detailed,
             prefill_steps=totals.prefill,
             decode_busy_seconds=totals.decode_busy,
-            decode_wait_ms=_mean(totals.decode_wait, totals.detailed - totals.prefill),
-            prefill_wait_ms=_mean(totals.prefill_wait, totals.prefill),
+            decode_wait_ms=mean(totals.decode_wait, totals.detailed - totals.prefill),
+            prefill_wait_ms=mean(totals.prefill_wait, totals.prefill),
             timed=self.timed,
         )
