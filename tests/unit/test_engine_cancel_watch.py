@@ -1,6 +1,6 @@
-"""The engine's cancel watcher (core/engine.py): each live request's `is_cancelled` probe is polled from a thread of
-its own, the probes side by side (on Triton each is an IPC round trip that waits behind a busy stub's responses), and
-a request submitted without a probe costs the watcher nothing. No Triton, no vLLM (tests/support/recording_engine.py).
+"""The engine's cancel watcher (core/engine.py): the live requests' `is_cancelled` probes are polled side by side on a
+pool of probe threads (on Triton each is an IPC round trip that waits behind a busy stub's responses), and a request
+submitted without a probe costs the watcher nothing. No Triton, no vLLM (tests/support/recording_engine.py).
 """
 
 from __future__ import annotations
@@ -56,10 +56,15 @@ def test_probes_run_side_by_side_and_a_true_one_aborts_its_request(engine):
     assert not barrier.broken
 
 
+def _probe_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name.startswith("vllm-cancel-probe")}
+
+
 def test_a_request_without_a_probe_is_not_watched_and_a_failing_probe_means_gone(engine):
+    before = _probe_threads()  # an earlier test's engine may still be closing its pool
     quiet = engine.submit(EngineRequest(sampling={}), lambda *_: None, None)
     time.sleep(0.3)  # several of the watcher's polls
-    assert not any(thread.name.startswith("vllm-cancel-probe") for thread in threading.enumerate())
+    assert _probe_threads() <= before  # this engine started none
 
     def gone() -> bool:
         raise RuntimeError("the request's sender is gone")
