@@ -56,7 +56,8 @@ repetitions of each one's ratio (each repetition's is printed with a target; a t
 from 3 repetitions, the performance issue's rule, and "not judged" from fewer). `--one-stream-slices N` with
 --interleave measures each one-stream level in N slices of its requests, the turn once per slice, each path's slices
 added up to its repetition (results record `slices`): at one stream a path's level is 4-15 s, long enough for the
-machine's slow spells to fall on one path and not the next. `--merge` adds this command's runs
+machine's slow spells to fall on one path and not the next (only a path's first slice warms up: N as large as the
+level's requests alternates the paths request by request at no extra cost). `--merge` adds this command's runs
 to OUT/results.json (a long run split over several commands: one table and plot in the end; `--fill-to N` instead
 of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit stopped is completed by
 the next command); `--report` measures nothing and prints OUT/results.json's table and targets (a run merged on
@@ -584,7 +585,14 @@ async def measure(
     runner: Runner, prompts: list[Prompt], level: dict[str, Any], pgid: int | None, progress, watch=None
 ) -> dict[str, Any]:
     await runner.prepare(  # the warm-up round
-        prompts, level["concurrency"], level["requests"], level["max_tokens"], level["stagger"]
+        prompts,
+        level["concurrency"],
+        level["requests"],
+        level["max_tokens"],
+        level["stagger"],
+        # A later slice follows the path's earlier one by a few seconds, warm: no warm-up request, which would
+        # double the time of one-request slices (--one-stream-slices)
+        warm_up_count=None if level.get("slice", 0) == 0 else 0,
     )
     cpu_before = process_group_cpu(pgid) if pgid else None
     if watch is not None:
@@ -889,7 +897,9 @@ def one_stream_slices(level: dict[str, Any], slices: int) -> list[dict[str, Any]
     """--one-stream-slices: a one-stream level as `slices` levels of its requests shared out (each knows its place and
     the whole level's requests), other levels as they are. At one stream a request takes 0.1-0.5 s, so a level of 32
     is 4-15 s a path, long enough for the machine's slow spells to fall on one path's level and not the next one's;
-    slices of a few requests, the turn once per slice, put the paths compared within a second or two of each other."""
+    slices of a few requests, the turn once per slice, put the paths compared within a second or two of each other.
+    Only a path's first slice of a repetition warms up (measure): with as many slices as requests, each path's
+    requests alternate with the others' one by one at the cost of the level's own requests."""
     if level["concurrency"] != 1 or slices <= 1:
         return [level]
     shares = [share for share in split(level["requests"], slices) if share]
@@ -1855,7 +1865,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --interleave: measure each one-stream level in N slices of its requests, the turn of the paths once"
         " per slice (reversed every other slice); each path's slices add up to its repetition, so the paths compared"
         " at one stream are measured within a second or two of each other, not 4-15 s apart (1: the whole level at"
-        " once)",
+        " once); only a path's first slice warms up, so N as large as the level's requests costs no more time",
     )
     parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
     parser.add_argument("--profile-seconds", type=float, default=8.0)

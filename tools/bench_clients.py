@@ -370,6 +370,12 @@ def warm_up_requests(concurrency: int) -> int:
     return min(concurrency, 16)
 
 
+async def warm_up(send: Send, prompts: list[Prompt], concurrency: int, requests: int, max_tokens: int) -> None:
+    """`requests` uncounted requests at the level's concurrency (none: the path is warm already)."""
+    if requests > 0:
+        await run_level(send, prompts, min(concurrency, requests), requests, max_tokens)
+
+
 @dataclass
 class LevelRun:
     samples: list[Sample]
@@ -385,12 +391,19 @@ class InProcessRunner:
         self._close = close
 
     async def prepare(
-        self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int, stagger: float = 0.0
+        self,
+        prompts: list[Prompt],
+        concurrency: int,
+        total: int,
+        max_tokens: int,
+        stagger: float = 0.0,
+        warm_up_count: int | None = None,
     ) -> None:
-        """The level's uncounted warm-up round."""
+        """The level's uncounted warm-up round (`warm_up_count` requests; None: warm_up_requests)."""
         self._level = (prompts, concurrency, total, max_tokens)
         self._stagger = stagger
-        await run_level(self.send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
+        count = warm_up_requests(concurrency) if warm_up_count is None else warm_up_count
+        await warm_up(self.send, prompts, concurrency, count, max_tokens)
 
     async def run(self, progress: Any = None) -> LevelRun:
         cpu = time.process_time()
@@ -422,12 +435,12 @@ async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
             command = await loop.run_in_executor(None, connection.recv)
             if command is None:
                 return
-            kind, prompts, concurrency, total, max_tokens, stagger, phase = command
+            kind, prompts, concurrency, total, max_tokens, stagger, phase, warm_up_count = command
             try:
                 if kind not in clients:
                     clients[kind] = await open_client(replace(spec, kind=kind))
                 send = clients[kind][0]
-                await run_level(send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
+                await warm_up(send, prompts, concurrency, warm_up_count, max_tokens)
                 connection.send("ready")
                 if await loop.run_in_executor(None, connection.recv) is None:  # "go" (all start together)
                     return  # closed instead: another process's warm-up failed
@@ -478,17 +491,27 @@ class ProcessPoolRunner:
         return reply
 
     async def prepare(
-        self, prompts: list[Prompt], concurrency: int, total: int, max_tokens: int, stagger: float = 0.0
+        self,
+        prompts: list[Prompt],
+        concurrency: int,
+        total: int,
+        max_tokens: int,
+        stagger: float = 0.0,
+        warm_up_count: int | None = None,
     ) -> None:
-        """Give each process its share of the level; each warms up with it. Returns when all are ready.
+        """Give each process its share of the level; each warms up with it (its share of `warm_up_count`
+        requests; None: warm_up_requests of its streams). Returns when all are ready.
 
         Each process staggers its own streams over `stagger`, each at its own phase: together they start evenly
         spread over it."""
         self._busy = self._connections[: min(len(self._connections), concurrency)]
         self._total = total
         shares = zip(self._busy, split(concurrency, len(self._busy)), split(total, len(self._busy)), strict=True)
+        warm = split(warm_up_count, len(self._busy)) if warm_up_count is not None else None
         for index, (connection, streams, requests) in enumerate(shares):
-            connection.send((self.kind, prompts, streams, requests, max_tokens, stagger, index / len(self._busy)))
+            warm_ups = warm_up_requests(streams) if warm is None else warm[index]
+            phase = index / len(self._busy)
+            connection.send((self.kind, prompts, streams, requests, max_tokens, stagger, phase, warm_ups))
         await asyncio.gather(*(self._receive(connection) for connection in self._busy))
 
     async def run(self, progress: Any = None) -> LevelRun:

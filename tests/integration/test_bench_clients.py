@@ -4,6 +4,7 @@ process and spread over client processes, gets every request answered and measur
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -16,13 +17,30 @@ PROMPTS = [Prompt([], "The capital of France is"), Prompt([], "Once upon a time"
 MAX_TOKENS = 4
 
 
-async def _level(spec: ClientSpec, processes: int, concurrency: int, total: int, stagger: float = 0.0):
+async def _level(
+    spec: ClientSpec,
+    processes: int,
+    concurrency: int,
+    total: int,
+    stagger: float = 0.0,
+    warm_up_count: int | None = None,
+):
     runner = await open_runner(spec, processes)
     try:
-        await runner.prepare(PROMPTS, concurrency, total, MAX_TOKENS, stagger)
+        await runner.prepare(PROMPTS, concurrency, total, MAX_TOKENS, stagger, warm_up_count=warm_up_count)
         return await runner.run()
     finally:
         await runner.close()
+
+
+def _requests_reaching(server, expected: int) -> int:
+    """The plain model's requests so far by Triton's statistics, once they reach `expected` (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        count = int(server.model_stats(PLAIN_MODEL)[PLAIN_MODEL]["inference_count"])
+        if count >= expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("processes", [1, 3])
@@ -50,6 +68,21 @@ def test_a_staggered_level_over_client_processes_starts_its_last_stream_late(ser
     assert len(run.samples) == 4
     assert run.wall >= 2.25
     assert run.wall < 2.25 + max(s.latency for s in run.samples) + 1.0  # not 3 s per process: the phases differ
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_level_warms_up_with_the_requests_it_is_given(server, processes: int):
+    spec = ClientSpec("grpc-infer", server.grpc_url, PLAIN_MODEL)
+    before = _requests_reaching(server, 0)
+    # none: a later slice of a one-stream level (tools/bench.py --one-stream-slices), its path warm already
+    run = asyncio.run(_level(spec, processes, 2, 5, warm_up_count=0))
+    assert len(run.samples) == 5
+    assert _requests_reaching(server, before + 5) == before + 5
+    time.sleep(0.5)  # nothing more arrives late
+    assert _requests_reaching(server, before + 5) == before + 5
+    # by default one request per stream (up to 16) before the level
+    asyncio.run(_level(spec, processes, 2, 5))
+    assert _requests_reaching(server, before + 12) == before + 12
 
 
 def test_a_failing_request_in_a_client_process_fails_the_level(server):

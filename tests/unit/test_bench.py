@@ -17,7 +17,9 @@ from tools.bench import (
     SlicedLevels,
     baseline_of,
     load_runs,
+    measure,
     noise_lines,
+    one_stream_slices,
     print_table,
     profile_level_argument,
     profiled_level,
@@ -27,7 +29,7 @@ from tools.bench import (
     target_lines,
     turn_order,
 )
-from tools.bench_clients import Prompt, Sample, run_level, split
+from tools.bench_clients import LevelRun, Prompt, Sample, run_level, split
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -613,6 +615,25 @@ def test_a_one_stream_level_in_slices_takes_the_turn_once_per_slice():
     assert [level["requests"] for _, _, _, level in few] == [1, 1, 1, 1] and few[0][3]["slices"] == 2
     # not interleaved: no turn to slice, the levels whole
     assert len(schedule([bare, triton], levels, False, lambda level: 1, slices=4)) == 8
+
+
+def test_only_a_paths_first_slice_of_a_level_warms_up():
+    class Recording:
+        def __init__(self) -> None:
+            self.warm_ups: list[int | None] = []
+
+        async def prepare(self, prompts, concurrency, total, max_tokens, stagger, warm_up_count=None):
+            self.warm_ups.append(warm_up_count)
+
+        async def run(self, progress=None):
+            return LevelRun([Sample(0.1, 0.05, 64)], 0.1, 0.0)
+
+    runner = Recording()
+    whole = {"concurrency": 1, "max_tokens": 64, "requests": 32, "stagger": 0.0}
+    for level in [whole, *one_stream_slices(whole, 4), {**whole, "concurrency": 16, "requests": 64}]:
+        asyncio.run(measure(runner, [], level, None, None))
+    # the whole level and the first slice warm up as the runner does by default (None); later slices not at all
+    assert runner.warm_ups == [None, None, 0, 0, 0, None]
 
 
 def test_a_paths_slices_add_up_to_one_measurement_of_the_level():
