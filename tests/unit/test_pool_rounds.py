@@ -1,0 +1,63 @@
+"""tools/pool_rounds.py: a pair's paired ratio over every round of several runs, per level."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from tools.bench import LevelResult
+from tools.pool_rounds import main, pooled_ratios
+
+
+def _run(path: str, tokens: int, round_id: str, concurrency: int = 64, max_tokens: int = 64) -> dict:
+    run = LevelResult(path, max_tokens, concurrency, 0, 8, 1.0, tokens, None, round_id=round_id, turn_index=0)
+    return asdict(run)
+
+
+def _doc(*runs: dict) -> dict:
+    return {"commands": [{"command": "bench.py --interleave --paths bare,plain-grpc"}], "runs": list(runs)}
+
+
+FIRST = _doc(
+    _run("bare", 100, "0.0"), _run("plain-grpc", 90, "0.0"),
+    _run("bare", 100, "0.1"), _run("plain-grpc", 120, "0.1"),
+    _run("plain-grpc", 10, "0.2"),  # its bare run missing (a time limit): no pair
+    _run("bare", 100, "0.0", concurrency=1), _run("plain-grpc", 80, "0.0", concurrency=1),
+)  # fmt: skip
+SECOND = _doc(
+    _run("bare", 200, "0.0"), _run("plain-grpc", 180, "0.0"),
+    _run("bare", 200, "0.0", max_tokens=256), _run("plain-grpc", 210, "0.0", max_tokens=256),
+)  # fmt: skip
+
+
+def test_each_round_with_both_paths_gives_one_ratio_per_level_across_files():
+    pooled = pooled_ratios([FIRST, SECOND], "bare", "plain-grpc", min_streams=1)
+    assert pooled[(64, 64)] == pytest.approx([0.9, 1.2, 0.9])
+    assert pooled[(64, 1)] == pytest.approx([0.8])
+    assert pooled[(256, 64)] == pytest.approx([1.05])
+    # levels of fewer streams only when asked for; the other direction is the inverse
+    assert (64, 1) not in pooled_ratios([FIRST, SECOND], "bare", "plain-grpc", min_streams=64)
+    assert pooled_ratios([FIRST], "plain-grpc", "bare", min_streams=64)[(64, 64)] == pytest.approx([1 / 0.9, 1 / 1.2])
+
+
+def test_it_prints_each_levels_rounds_median_range_and_count_below(tmp_path: Path, capsys):
+    plain = tmp_path / "first.json"
+    plain.write_text(json.dumps(FIRST))
+    compressed = tmp_path / "second.json.xz"
+    compressed.write_bytes(lzma.compress(json.dumps(SECOND).encode()))
+    assert main([str(plain), str(compressed), "--min-streams", "64", "--below", "0.95"]) == 0
+    out = capsys.readouterr().out
+    assert "64 tokens x 64 streams: 3 rounds, median 0.900, 0.90-1.20, 2 below 0.95" in out
+    assert "256 tokens x 64 streams: 1 rounds, median 1.050, 1.05-1.05, 0 below 0.95" in out
+    assert "x 1 streams" not in out
+
+
+def test_a_pair_no_round_measured_says_so_and_fails(tmp_path: Path, capsys):
+    plain = tmp_path / "first.json"
+    plain.write_text(json.dumps(FIRST))
+    assert main([str(plain), "--pair", "bare,stream-grpc"]) == 1
+    assert "no round measured both bare and stream-grpc" in capsys.readouterr().err
