@@ -33,14 +33,27 @@ async def _level(
         await runner.close()
 
 
+def _requests(server) -> int:
+    return int(server.model_stats(PLAIN_MODEL)[PLAIN_MODEL]["inference_count"])
+
+
 def _requests_reaching(server, expected: int) -> int:
     """The plain model's requests so far by Triton's statistics, once they reach `expected` (or after 10 s)."""
     deadline = time.monotonic() + 10
-    while True:
-        count = int(server.model_stats(PLAIN_MODEL)[PLAIN_MODEL]["inference_count"])
-        if count >= expected or time.monotonic() > deadline:
-            return count
+    while (count := _requests(server)) < expected and time.monotonic() < deadline:
         time.sleep(0.1)
+    return count
+
+
+def _settled_requests(server) -> int:
+    """The plain model's requests so far, once two readings half a second apart agree (earlier tests' are in)."""
+    count = _requests(server)
+    for _ in range(20):
+        time.sleep(0.5)
+        if (again := _requests(server)) == count:
+            return count
+        count = again
+    return count
 
 
 @pytest.mark.parametrize("processes", [1, 3])
@@ -73,7 +86,7 @@ def test_a_staggered_level_over_client_processes_starts_its_last_stream_late(ser
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_level_warms_up_with_the_requests_it_is_given(server, processes: int):
     spec = ClientSpec("grpc-infer", server.grpc_url, PLAIN_MODEL)
-    before = _requests_reaching(server, 0)
+    before = _settled_requests(server)
     # none: a later slice of a one-stream level (tools/bench.py --one-stream-slices), its path warm already
     run = asyncio.run(_level(spec, processes, 2, 5, warm_up_count=0))
     assert len(run.samples) == 5
