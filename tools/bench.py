@@ -590,9 +590,9 @@ async def measure(
         level["requests"],
         level["max_tokens"],
         level["stagger"],
-        # A later slice follows the path's earlier one by a few seconds, warm: no warm-up request, which would
-        # double the time of one-request slices (--one-stream-slices)
-        warm_up_count=None if level.get("slice", 0) == 0 else 0,
+        # A later slice follows the path's earlier one by a few seconds: warm, no warm-up request (which would
+        # double the time of one-request slices, --one-stream-slices)
+        warm=level.get("slice", 0) > 0,
     )
     cpu_before = process_group_cpu(pgid) if pgid else None
     if watch is not None:

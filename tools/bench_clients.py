@@ -370,10 +370,10 @@ def warm_up_requests(concurrency: int) -> int:
     return min(concurrency, 16)
 
 
-async def warm_up(send: Send, prompts: list[Prompt], concurrency: int, requests: int, max_tokens: int) -> None:
-    """`requests` uncounted requests at the level's concurrency (none: the path is warm already)."""
-    if requests > 0:
-        await run_level(send, prompts, min(concurrency, requests), requests, max_tokens)
+async def warm_up(send: Send, prompts: list[Prompt], concurrency: int, max_tokens: int, warm: bool) -> None:
+    """The level's uncounted warm-up round (warm_up_requests), unless the path is `warm` already."""
+    if not warm:
+        await run_level(send, prompts, concurrency, warm_up_requests(concurrency), max_tokens)
 
 
 @dataclass
@@ -397,13 +397,12 @@ class InProcessRunner:
         total: int,
         max_tokens: int,
         stagger: float = 0.0,
-        warm_up_count: int | None = None,
+        warm: bool = False,
     ) -> None:
-        """The level's uncounted warm-up round (`warm_up_count` requests; None: warm_up_requests)."""
+        """The level's uncounted warm-up round (none if the path is `warm` already)."""
         self._level = (prompts, concurrency, total, max_tokens)
         self._stagger = stagger
-        count = warm_up_requests(concurrency) if warm_up_count is None else warm_up_count
-        await warm_up(self.send, prompts, concurrency, count, max_tokens)
+        await warm_up(self.send, prompts, concurrency, max_tokens, warm)
 
     async def run(self, progress: Any = None) -> LevelRun:
         cpu = time.process_time()
@@ -435,12 +434,12 @@ async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
             command = await loop.run_in_executor(None, connection.recv)
             if command is None:
                 return
-            kind, prompts, concurrency, total, max_tokens, stagger, phase, warm_up_count = command
+            kind, prompts, concurrency, total, max_tokens, stagger, phase, warm = command
             try:
                 if kind not in clients:
                     clients[kind] = await open_client(replace(spec, kind=kind))
                 send = clients[kind][0]
-                await warm_up(send, prompts, concurrency, warm_up_count, max_tokens)
+                await warm_up(send, prompts, concurrency, max_tokens, warm)
                 connection.send("ready")
                 if await loop.run_in_executor(None, connection.recv) is None:  # "go" (all start together)
                     return  # closed instead: another process's warm-up failed
@@ -497,21 +496,19 @@ class ProcessPoolRunner:
         total: int,
         max_tokens: int,
         stagger: float = 0.0,
-        warm_up_count: int | None = None,
+        warm: bool = False,
     ) -> None:
-        """Give each process its share of the level; each warms up with it (its share of `warm_up_count`
-        requests; None: warm_up_requests of its streams). Returns when all are ready.
+        """Give each process its share of the level; each warms up with it (unless the path is `warm` already).
+        Returns when all are ready.
 
         Each process staggers its own streams over `stagger`, each at its own phase: together they start evenly
         spread over it."""
         self._busy = self._connections[: min(len(self._connections), concurrency)]
         self._total = total
         shares = zip(self._busy, split(concurrency, len(self._busy)), split(total, len(self._busy)), strict=True)
-        warm = split(warm_up_count, len(self._busy)) if warm_up_count is not None else None
         for index, (connection, streams, requests) in enumerate(shares):
-            warm_ups = warm_up_requests(streams) if warm is None else warm[index]
             phase = index / len(self._busy)
-            connection.send((self.kind, prompts, streams, requests, max_tokens, stagger, phase, warm_ups))
+            connection.send((self.kind, prompts, streams, requests, max_tokens, stagger, phase, warm))
         await asyncio.gather(*(self._receive(connection) for connection in self._busy))
 
     async def run(self, progress: Any = None) -> LevelRun:

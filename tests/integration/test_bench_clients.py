@@ -23,11 +23,11 @@ async def _level(
     concurrency: int,
     total: int,
     stagger: float = 0.0,
-    warm_up_count: int | None = None,
+    warm: bool = False,
 ):
     runner = await open_runner(spec, processes)
     try:
-        await runner.prepare(PROMPTS, concurrency, total, MAX_TOKENS, stagger, warm_up_count=warm_up_count)
+        await runner.prepare(PROMPTS, concurrency, total, MAX_TOKENS, stagger, warm=warm)
         return await runner.run()
     finally:
         await runner.close()
@@ -88,7 +88,7 @@ def test_a_level_warms_up_with_the_requests_it_is_given(server, processes: int):
     spec = ClientSpec("grpc-infer", server.grpc_url, PLAIN_MODEL)
     before = _settled_requests(server)
     # none: a later slice of a one-stream level (tools/bench.py --one-stream-slices), its path warm already
-    run = asyncio.run(_level(spec, processes, 2, 5, warm_up_count=0))
+    run = asyncio.run(_level(spec, processes, 2, 5, warm=True))
     assert len(run.samples) == 5
     assert _requests_reaching(server, before + 5) == before + 5
     time.sleep(0.5)  # nothing more arrives late

@@ -620,10 +620,10 @@ def test_a_one_stream_level_in_slices_takes_the_turn_once_per_slice():
 def test_only_a_paths_first_slice_of_a_level_warms_up():
     class Recording:
         def __init__(self) -> None:
-            self.warm_ups: list[int | None] = []
+            self.warm: list[bool] = []
 
-        async def prepare(self, prompts, concurrency, total, max_tokens, stagger, warm_up_count=None):
-            self.warm_ups.append(warm_up_count)
+        async def prepare(self, prompts, concurrency, total, max_tokens, stagger, warm=False):
+            self.warm.append(warm)
 
         async def run(self, progress=None):
             return LevelRun([Sample(0.1, 0.05, 64)], 0.1, 0.0)
@@ -632,8 +632,8 @@ def test_only_a_paths_first_slice_of_a_level_warms_up():
     whole = {"concurrency": 1, "max_tokens": 64, "requests": 32, "stagger": 0.0}
     for level in [whole, *one_stream_slices(whole, 4), {**whole, "concurrency": 16, "requests": 64}]:
         asyncio.run(measure(runner, [], level, None, None))
-    # the whole level and the first slice warm up as the runner does by default (None); later slices not at all
-    assert runner.warm_ups == [None, None, 0, 0, 0, None]
+    # the whole level and the first slice warm up; the later slices find the path warm
+    assert runner.warm == [False, False, True, True, True, False]
 
 
 def test_a_paths_slices_add_up_to_one_measurement_of_the_level():
