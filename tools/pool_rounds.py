@@ -6,7 +6,8 @@ FILE: tools/bench.py's results.json, or one of docs/gpu-bench-ab/*.json.xz. A ro
 one interleaved command (the two paths measured seconds apart); each round where both paths ran gives one ratio
 (the second path's tok/s over the first's). Per level: the rounds, their median, range, and how many fall below
 --below. What one command's three repetitions cannot say, many rounds of the same serving code can: whether a cell
-trails in most rounds or only in some.
+trails in most rounds or only in some. Streams started out of step (--stagger-seconds) are another workload than waves:
+their rounds pool apart from the waves' of the same level.
 """
 
 from __future__ import annotations
@@ -19,16 +20,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.bench import runs_of  # noqa: E402
 from tools.pair_spread import read, rounds_of  # noqa: E402
 
+Level = tuple[int, int, float]  # max_tokens, concurrency, stagger_seconds (0: waves)
 
-def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[tuple[int, int], list[float]]:
-    """(max_tokens, concurrency) -> each round's tok/s of `second` over `first`, in the files' order."""
-    pooled: dict[tuple[int, int], list[float]] = defaultdict(list)
+
+def stagger_of(doc: dict) -> float:
+    """The file's --stagger-seconds (one per file: the bench's --merge refuses to mix them)."""
+    return max((run.stagger_seconds for run in runs_of(doc)), default=0.0)
+
+
+def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[Level, list[float]]:
+    """(max_tokens, concurrency, stagger) -> each round's tok/s of `second` over `first`, in the files' order."""
+    pooled: dict[Level, list[float]] = defaultdict(list)
     for doc in docs:
+        stagger = stagger_of(doc)
         for (max_tokens, concurrency, _), paths in sorted(rounds_of(doc).items()):
             if concurrency >= min_streams and first in paths and second in paths:
-                pooled[(max_tokens, concurrency)].append(paths[second][1] / paths[first][1])
+                pooled[(max_tokens, concurrency, stagger)].append(paths[second][1] / paths[first][1])
     return pooled
 
 
@@ -47,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no round measured both {first} and {second}", file=sys.stderr)
         return 1
     print(f"{second} / {first} per round, pooled over {len(args.files)} file(s)")
-    for (max_tokens, concurrency), ratios in sorted(pooled.items()):
+    for (max_tokens, concurrency, stagger), ratios in sorted(pooled.items()):
+        out_of_step = f" out of step by {stagger:g} s" if stagger else ""
         print(
-            f"  {max_tokens} tokens x {concurrency} streams: {len(ratios)} rounds, median"
+            f"  {max_tokens} tokens x {concurrency} streams{out_of_step}: {len(ratios)} rounds, median"
             f" {statistics.median(ratios):.3f}, {min(ratios):.2f}-{max(ratios):.2f},"
             f" {sum(r < args.below for r in ratios)} below {args.below}"
         )

@@ -13,8 +13,12 @@ from tools.bench import LevelResult
 from tools.pool_rounds import main, pooled_ratios
 
 
-def _run(path: str, tokens: int, round_id: str, concurrency: int = 64, max_tokens: int = 64) -> dict:
-    run = LevelResult(path, max_tokens, concurrency, 0, 8, 1.0, tokens, None, round_id=round_id, turn_index=0)
+def _run(
+    path: str, tokens: int, round_id: str, concurrency: int = 64, max_tokens: int = 64, stagger: float = 0.0
+) -> dict:
+    run = LevelResult(
+        path, max_tokens, concurrency, 0, 8, 1.0, tokens, None, round_id=round_id, turn_index=0, stagger_seconds=stagger
+    )
     return asdict(run)
 
 
@@ -36,12 +40,27 @@ SECOND = _doc(
 
 def test_each_round_with_both_paths_gives_one_ratio_per_level_across_files():
     pooled = pooled_ratios([FIRST, SECOND], "bare", "plain-grpc", min_streams=1)
-    assert pooled[(64, 64)] == pytest.approx([0.9, 1.2, 0.9])
-    assert pooled[(64, 1)] == pytest.approx([0.8])
-    assert pooled[(256, 64)] == pytest.approx([1.05])
+    assert pooled[(64, 64, 0.0)] == pytest.approx([0.9, 1.2, 0.9])
+    assert pooled[(64, 1, 0.0)] == pytest.approx([0.8])
+    assert pooled[(256, 64, 0.0)] == pytest.approx([1.05])
     # levels of fewer streams only when asked for; the other direction is the inverse
-    assert (64, 1) not in pooled_ratios([FIRST, SECOND], "bare", "plain-grpc", min_streams=64)
-    assert pooled_ratios([FIRST], "plain-grpc", "bare", min_streams=64)[(64, 64)] == pytest.approx([1 / 0.9, 1 / 1.2])
+    assert (64, 1, 0.0) not in pooled_ratios([FIRST, SECOND], "bare", "plain-grpc", min_streams=64)
+    inverse = pooled_ratios([FIRST], "plain-grpc", "bare", min_streams=64)
+    assert inverse[(64, 64, 0.0)] == pytest.approx([1 / 0.9, 1 / 1.2])
+
+
+def test_rounds_of_streams_out_of_step_pool_apart_from_the_waves_of_the_same_level(tmp_path: Path, capsys):
+    staggered = _doc(_run("bare", 100, "0.0", stagger=0.3), _run("plain-grpc", 150, "0.0", stagger=0.3))
+    pooled = pooled_ratios([FIRST, staggered], "bare", "plain-grpc", min_streams=64)
+    assert pooled[(64, 64, 0.0)] == pytest.approx([0.9, 1.2])
+    assert pooled[(64, 64, 0.3)] == pytest.approx([1.5])
+    files = [tmp_path / "waves.json", tmp_path / "staggered.json"]
+    for file, doc in zip(files, (FIRST, staggered), strict=True):
+        file.write_text(json.dumps(doc))
+    assert main([str(f) for f in files] + ["--min-streams", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "64 tokens x 64 streams: 2 rounds" in out
+    assert "64 tokens x 64 streams out of step by 0.3 s: 1 rounds, median 1.500" in out
 
 
 def test_it_prints_each_levels_rounds_median_range_and_count_below(tmp_path: Path, capsys):
