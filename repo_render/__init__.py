@@ -2,7 +2,8 @@
 
 By job: schema (the config's keys and types), substitute (`${NAME}` placeholders), checks (rules across keys,
 engine args against vLLM), stages (stage classes and the ensembles' wiring), pbtxt (config.pbtxt), repository
-(every file of the repository, writing and comparing it), cli (the command line).
+(every file of the repository, writing and comparing it), cli (the command line), variant (a deployment with its
+names prefixed and some keys set, to serve beside it: tools/bench.py --variant).
 """
 
 from repo_render.checks import check_deployment, load_deployment

@@ -135,14 +135,22 @@ def _check_engine_args(deployment: Deployment) -> None:
         )
 
 
-def load_deployment(path: Path, variables: dict[str, str] | None = None) -> Deployment:
-    path = Path(path)
+def read_deployment_doc(path: Path, variables: dict[str, str] | None = None) -> dict[str, Any]:
+    """A deployment file's YAML, its `${NAME}` placeholders filled."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    doc = substitute(doc, variables or {})
+    return substitute(doc, variables or {})
+
+
+def deployment_from_doc(doc: Any, path: Path) -> Deployment:
+    """A deployment file's (filled) YAML, parsed and checked; relative paths resolve from the file's folder."""
     deployment = parse_deployment(doc)
-    deployment.base_dir = path.resolve().parent
+    deployment.base_dir = Path(path).resolve().parent
     check_deployment(deployment)
     return deployment
+
+
+def load_deployment(path: Path, variables: dict[str, str] | None = None) -> Deployment:
+    return deployment_from_doc(read_deployment_doc(path, variables), path)

@@ -3,7 +3,8 @@ same model, engine args and engine environment (those of one deployment file).
 
     .venv/bin/python tools/bench.py [--deployment FILE] [--set NAME=VALUE] [--levels 1,16,64,256]
         [--max-tokens 64,256] [--reps 3] [--paths bare,bare-stream,vllm-serve,plain-grpc,plain-http,stream-grpc]
-        [--also-deployment FILE] [--extra-model NAME] [--extra-stream-model NAME] [--vllm-backend DIR]
+        [--also-deployment FILE] [--variant PREFIX KEY=VALUE...] [--extra-model NAME] [--extra-stream-model NAME]
+        [--vllm-backend DIR]
         [--merge [--fill-to 3]]
         [--interleave [--one-stream-slices 8]] [--profile] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
@@ -39,6 +40,9 @@ get the same engine args and environment, and the prompts come from the deployme
 `names:` with a prefix), so a variant is measured in the same server, level by level beside the first:
 `--extra-model` / `--extra-stream-model` with its public names. Its engine args should be the deployment's (the bare
 and `vllm serve` paths run those of --deployment).
+--variant PREFIX KEY=VALUE ...: the same for a variant of --deployment written on the command line: every model name
+prefixed with PREFIX, each dotted KEY set to the YAML VALUE (`--variant p12_ generate.instances=12
+--extra-model p12_vllm_model`; repo_render/variant.py), checked as a deployment file is.
 --vllm-backend DIR: the `src/` folder of a checkout of triton-inference-server/vllm_backend; its model is added to
 the rendered repository as `vllm_backend` (same engine args), so it is measured in the same server.
 
@@ -970,14 +974,17 @@ def bench_repository(
     also: Sequence[Path] = (),
     preprocess_model_stream: str | None = None,
     entry_plain: str | None = None,
+    variants: Sequence[list[str]] = (),
 ) -> BenchSetup:
     """Render the deployment into OUT/repo (the default one with BENCH_ENGINE_OVERRIDES when none is given), and
-    the `also` deployments next to it (--also-deployment: their model names must differ from its).
+    the `also` deployments next to it (--also-deployment: their model names must differ from its), and the
+    `variants` of it ([PREFIX, KEY=VALUE, ...] each, --variant: repo_render/variant.py).
     `preprocess_model_stream` (--preprocess-model-stream NAME) adds the streaming ensemble as it is without
     core.preprocess_threads (the preprocess model, then the same core) as model NAME. `entry_plain` (--entry-plain
     NAME) adds the plain entry model of `entry: plain-bls` (the stages in-process, the same core by BLS) as NAME."""
     from core.engine_config import load_engine_args
     from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render, render_together, write
+    from repo_render.variant import load_variant, setting
 
     deployment = load_deployment(deployment_file or DEFAULT_CONFIG, variables)
     if deployment_file is None:
@@ -985,9 +992,15 @@ def bench_repository(
         deployment.engine_args = {**deployment.engine_args, **BENCH_ENGINE_OVERRIDES}
     repo = out / "repo"
     try:
-        files = render_together([deployment, *(load_deployment(extra, variables) for extra in also)], repo)
+        others = [load_deployment(extra, variables) for extra in also]
+        for prefix, *settings in variants:
+            variant = load_variant(deployment_file or DEFAULT_CONFIG, prefix, [setting(s) for s in settings], variables)
+            if deployment_file is None:
+                variant.engine_args = {**variant.engine_args, **BENCH_ENGINE_OVERRIDES}
+            others.append(variant)
+        files = render_together([deployment, *others], repo)
     except ConfigError as exc:
-        raise SystemExit(f"bench: --also-deployment: {exc}") from None
+        raise SystemExit(f"bench: --also-deployment / --variant: {exc}") from None
     if preprocess_model_stream is not None:
         if not deployment.core.preprocess_threads:
             raise SystemExit("bench: --preprocess-model-stream needs a deployment with core.preprocess_threads")
@@ -1632,7 +1645,13 @@ async def run_all(
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     setup = bench_repository(
-        out, args.deployment, args.variables, args.also_deployment, args.preprocess_model_stream, args.entry_plain
+        out,
+        args.deployment,
+        args.variables,
+        args.also_deployment,
+        args.preprocess_model_stream,
+        args.entry_plain,
+        args.variant,
     )
     if args.vllm_backend is not None:
         add_vllm_backend(setup, args.vllm_backend)
@@ -1830,6 +1849,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="another deployment file rendered into the same server (its own model names); measure its models with"
         " --extra-model / --extra-stream-model",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        nargs="+",
+        metavar="ARG",
+        help="PREFIX KEY=VALUE ...: a variant of --deployment rendered into the same server: its model names prefixed"
+        " with PREFIX, each"
+        " dotted KEY set to the YAML VALUE (e.g. --variant u_ core.engine_cpus=[]); measure its models with"
+        " --extra-model PREFIXvllm_model / --extra-stream-model PREFIXvllm_model_stream",
     )
     parser.add_argument(
         "--preprocess-model-stream",

@@ -872,6 +872,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
         deployment=None,
         variables={},
         also_deployment=[],
+        variant=[],
         preprocess_model_stream=None,
         entry_plain=None,
         vllm_backend=None,
