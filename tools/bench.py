@@ -61,7 +61,8 @@ from 3 repetitions, the performance issue's rule, and "not judged" from fewer). 
 --interleave measures each one-stream level in N slices of its requests, the turn once per slice, each path's slices
 added up to its repetition (results record `slices`): at one stream a path's level is 4-15 s, long enough for the
 machine's slow spells to fall on one path and not the next (only a path's first slice warms up: N as large as the
-level's requests alternates the paths request by request at no extra cost). `--merge` adds this command's runs
+level's requests alternates the paths request by request, at 30-50 ms per slice on an H200). `--merge` adds this
+command's runs
 to OUT/results.json (a long run split over several commands: one table and plot in the end; `--fill-to N` instead
 of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit stopped is completed by
 the next command); `--report` measures nothing and prints OUT/results.json's table and targets (a run merged on
