@@ -138,6 +138,8 @@ from tools.bench_clients import (  # noqa: E402
 )
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
+from tools.machine_facts import describe as describe_machine  # noqa: E402
+from tools.machine_facts import interrupt_delta, machine_facts, read_interrupts  # noqa: E402
 from tools.triton_server import (  # noqa: E402
     TritonServer,
     free_port,
@@ -1125,7 +1127,10 @@ class ResultsFile:
                 )
         earlier_commands = earlier.get("commands", []) if self.earlier else []
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.commands = [*earlier_commands, {"command": command, "started": started}]
+        # The machine it ran on, with each command: a merged run may span several (tools/machine_facts.py)
+        this = {"command": command, "started": started, "machine": machine_facts()}
+        self.commands = [*earlier_commands, this]
+        self._interrupts_at_start = read_interrupts()
         self.deployment = deployment
         self.results: list[LevelResult] = []
 
@@ -1162,6 +1167,7 @@ class ResultsFile:
 
     def document(self) -> dict[str, Any]:
         everything = self.earlier + self.results
+        self.commands[-1]["interrupts"] = interrupt_delta(self._interrupts_at_start, read_interrupts())
         return {
             "commands": self.commands,
             "deployment": self.deployment,
@@ -1793,7 +1799,7 @@ async def measure_all(
 
 
 def report(doc: dict[str, Any], results_path: Path, plot_path: Path) -> None:
-    """Print a run's table, its targets and the machine's spread, and draw its plot."""
+    """Print a run's table, its targets and the machine's spread (and each command's machine), draw its plot."""
     plot(doc["summary"], plot_path)
     print_table(doc["summary"])
     print()
@@ -1807,6 +1813,10 @@ def report(doc: dict[str, Any], results_path: Path, plot_path: Path) -> None:
         print("\n--background-load-alternate, each path's loaded repetition over its unloaded one before it:")
         for line in doc["background_load"]:
             print(line)
+    for index, command in enumerate(doc.get("commands", [])):
+        lines = describe_machine(command)
+        if lines:
+            print(f"\ncommand {index} ran on: " + "\n".join(lines))
     print(f"\nresults: {results_path}  plot: {plot_path}")
 
 
@@ -1816,7 +1826,8 @@ def report_only(out: Path) -> int:
     path = out / "results.json"
     if not path.exists():
         raise SystemExit(f"bench: --report: no {path}")
-    report(judged(load_runs(path)), path, out / "bench.png")
+    commands = json.loads(path.read_text()).get("commands", [])
+    report({**judged(load_runs(path)), "commands": commands}, path, out / "bench.png")
     return 0
 
 

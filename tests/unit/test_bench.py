@@ -266,6 +266,7 @@ def test_report_judges_a_results_file_without_measuring(tmp_path: Path, capsys):
     assert main(["--report", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "plain-grpc / bare at 256 tokens x 64: 0.91 paired (0.90 0.91 0.92; target >= 0.95) NOT met" in out
+    assert "command 0 ran on: no GPU found;" in out and "interrupts while it ran, per CPU:" in out
     assert (tmp_path / "bench.png").exists()
     with pytest.raises(SystemExit, match="no .*results.json"):
         main(["--report", "--out", str(tmp_path / "elsewhere")])
@@ -353,7 +354,12 @@ def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_aft
     second.add(_run("plain-grpc", 90, rep=0))
     runs = load_runs(target)
     assert [(r.path, r.rep) for r in runs] == [("bare", 0), ("bare", 1), ("bare", 2), ("plain-grpc", 0)]
-    assert [c["command"] for c in json.loads(target.read_text())["commands"]] == ["first", "second"]
+    commands = json.loads(target.read_text())["commands"]
+    assert [c["command"] for c in commands] == ["first", "second"]
+    # each command with the machine it ran on and the interrupts while it ran (tools/machine_facts.py)
+    for command in commands:
+        assert command["machine"]["cpus"]["count"] > 0 and len(command["interrupts"]["per_cpu"]) > 0
+        assert command["machine"]["gpus"] == []  # this CPU machine has none
     # Without --merge the file starts over.
     ResultsFile(target, merge=False, command="third", deployment="d.yaml").add(_run("bare", 1))
     assert [(r.path, r.rep) for r in load_runs(target)] == [("bare", 0)]
