@@ -8,6 +8,7 @@ variant is checked by the same schema and rules as any deployment file.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,16 @@ import yaml
 
 from repo_render.checks import deployment_from_doc, read_deployment_doc
 from repo_render.schema import ConfigError, Deployment, Names
+from repo_render.substitute import set_argument
 
 
 def setting(text: str) -> tuple[str, Any]:
-    """`KEY=VALUE`: a dotted key of the deployment file and a YAML value (`core.engine_cpus=[15]`)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"{text!r}: expected KEY=VALUE, e.g. generate.instances=12")
+    """`KEY=VALUE`: a dotted key of the deployment file and a YAML value (`core.engine_cpus=[15]`), split as
+    `--set NAME=VALUE` is."""
+    try:
+        key, value = set_argument(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{exc}, e.g. generate.instances=12") from None
     try:
         return key, yaml.safe_load(value)
     except yaml.YAMLError as exc:

@@ -988,19 +988,22 @@ def bench_repository(
     from repo_render import DEFAULT_CONFIG, ConfigError, load_deployment, render, render_together, write
     from repo_render.variant import load_variant, setting
 
-    deployment = load_deployment(deployment_file or DEFAULT_CONFIG, variables)
+    source = deployment_file or DEFAULT_CONFIG
+    deployment = load_deployment(source, variables)
+    try:
+        own = [
+            load_variant(source, prefix, [setting(s) for s in settings], variables) for prefix, *settings in variants
+        ]
+        others = [load_deployment(extra, variables) for extra in also]
+    except ConfigError as exc:
+        raise SystemExit(f"bench: --also-deployment / --variant: {exc}") from None
     if deployment_file is None:
         build_tiny_model(TINY_MODEL)
-        deployment.engine_args = {**deployment.engine_args, **BENCH_ENGINE_OVERRIDES}
+        for each in (deployment, *own):  # the deployment's variants run its engine args
+            each.engine_args = {**each.engine_args, **BENCH_ENGINE_OVERRIDES}
     repo = out / "repo"
     try:
-        others = [load_deployment(extra, variables) for extra in also]
-        for prefix, *settings in variants:
-            variant = load_variant(deployment_file or DEFAULT_CONFIG, prefix, [setting(s) for s in settings], variables)
-            if deployment_file is None:
-                variant.engine_args = {**variant.engine_args, **BENCH_ENGINE_OVERRIDES}
-            others.append(variant)
-        files = render_together([deployment, *others], repo)
+        files = render_together([deployment, *own, *others], repo)
     except ConfigError as exc:
         raise SystemExit(f"bench: --also-deployment / --variant: {exc}") from None
     if preprocess_model_stream is not None:

@@ -49,7 +49,7 @@ def test_a_key_the_schema_refuses_fails_naming_it(text: str, message: str):
 
 
 def test_a_setting_without_a_value_is_refused():
-    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+    with pytest.raises(ConfigError, match="expected NAME=VALUE, e.g. generate.instances=12"):
         setting("core.engine_cpus")
 
 
