@@ -138,8 +138,14 @@ from tools.bench_clients import (  # noqa: E402
 )
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
+from tools.machine_facts import (  # noqa: E402
+    cpu_time_delta,
+    interrupt_delta,
+    machine_facts,
+    read_cpu_times,
+    read_interrupts,
+)
 from tools.machine_facts import describe as describe_machine  # noqa: E402
-from tools.machine_facts import interrupt_delta, machine_facts, read_interrupts  # noqa: E402
 from tools.triton_server import (  # noqa: E402
     TritonServer,
     free_port,
@@ -1134,6 +1140,7 @@ class ResultsFile:
         this = {"command": command, "started": started, "machine": machine_facts()}
         self.commands = [*earlier_commands, this]
         self._interrupts_at_start = read_interrupts()
+        self._cpu_times_at_start = read_cpu_times()
         self.deployment = deployment
         self.results: list[LevelResult] = []
 
@@ -1171,6 +1178,7 @@ class ResultsFile:
     def document(self) -> dict[str, Any]:
         everything = self.earlier + self.results
         self.commands[-1]["interrupts"] = interrupt_delta(self._interrupts_at_start, read_interrupts())
+        self.commands[-1]["cpu_time"] = cpu_time_delta(self._cpu_times_at_start, read_cpu_times())
         return {
             "commands": self.commands,
             "deployment": self.deployment,

@@ -1,9 +1,11 @@
 """What a benchmark ran on, recorded with its results (tools/bench.py): the GPUs, the CPUs with their hyperthread
-siblings, and where the machine's interrupts landed while the command ran.
+siblings, and, while the command ran, where the machine's interrupts landed, how busy each CPU was and how much of
+its time the hypervisor gave to others (steal).
 
 The benchmark deployment places vLLM's EngineCore loop alone on one CPU (core.engine_cpus). Whether that CPU shares
-its core with a busy sibling, or takes the GPU's and the network's interrupts, is a property of the lent machine,
-not of the serving code, and it changes how fast the loop runs: each results file says it for its own machine.
+its core with a busy sibling, takes the GPU's and the network's interrupts, or runs on a host core that the
+hypervisor also gives to others, is a property of the lent machine, not of the serving code, and it changes how
+fast the loop runs: each results file says it for its own machine.
 Linux only (/proc, /sys); elsewhere the facts are empty. Triton-free and vLLM-free.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 CPU_ROOT = Path("/sys/devices/system/cpu")
 CPUINFO = Path("/proc/cpuinfo")
 INTERRUPTS = Path("/proc/interrupts")
+PROC_STAT = Path("/proc/stat")
 TOP_SOURCES = 8  # the interrupt sources recorded per command: those that fired most while it ran
 
 
@@ -92,13 +95,42 @@ def interrupt_delta(before: dict[str, list[int]], after: dict[str, list[int]], t
     return {"per_cpu": per_cpu, "sources": {source: d for source, d in busiest if sum(d) > 0}}
 
 
+def read_cpu_times(path: Path = PROC_STAT) -> dict[str, list[int]]:
+    """/proc/stat's per-CPU lines: each CPU ("0", "1", ...) -> its clock ticks (user nice system idle iowait irq
+    softirq steal; the guest columns are inside user and nice)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    times = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            times[name[3:]] = [int(field) for field in fields[:8]]
+    return times
+
+
+def cpu_time_delta(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, list[float]]:
+    """Each CPU's share of the time between two readings, in per cent: busy (neither idle nor waiting for I/O nor
+    stolen) and stolen (the hypervisor ran something else on its host core while it wanted to run)."""
+    busy, steal = [], []
+    for cpu, now in sorted(after.items(), key=lambda item: int(item[0])):
+        then = before.get(cpu, [0] * len(now))
+        ticks = [a - b for a, b in zip(now, then, strict=False)] + [0] * 8
+        total = sum(ticks[:8]) or 1
+        busy.append(round(100 * (total - ticks[3] - ticks[4] - ticks[7]) / total, 1))
+        steal.append(round(100 * ticks[7] / total, 1))
+    return {"busy_percent": busy, "steal_percent": steal}
+
+
 def machine_facts() -> dict[str, Any]:
     return {"gpus": gpus(), "cpus": cpu_facts()}
 
 
 def describe(command: dict[str, Any]) -> list[str]:
-    """A results file's command record (its `machine` and `interrupts`) in a few lines; [] for an older record."""
-    machine, interrupts = command.get("machine"), command.get("interrupts")
+    """A results file's command record (its `machine`, `interrupts` and `cpu_time`) in a few lines; [] for an
+    older record."""
+    machine, interrupts, cpu_time = command.get("machine"), command.get("interrupts"), command.get("cpu_time")
     lines = []
     if machine:
         cpus = machine["cpus"]
@@ -112,4 +144,7 @@ def describe(command: dict[str, Any]) -> list[str]:
         for source, counts in interrupts["sources"].items():
             cpu = max(range(len(counts)), key=counts.__getitem__)
             lines.append(f"  {source}: {sum(counts)}, {counts[cpu]} of them on CPU {cpu}")
+    if cpu_time and cpu_time["busy_percent"]:
+        lines.append(f"busy while it ran, per CPU, %: {' '.join(f'{p:g}' for p in cpu_time['busy_percent'])}")
+        lines.append(f"stolen by the hypervisor, per CPU, %: {' '.join(f'{p:g}' for p in cpu_time['steal_percent'])}")
     return lines

@@ -267,6 +267,7 @@ def test_report_judges_a_results_file_without_measuring(tmp_path: Path, capsys):
     out = capsys.readouterr().out
     assert "plain-grpc / bare at 256 tokens x 64: 0.91 paired (0.90 0.91 0.92; target >= 0.95) NOT met" in out
     assert "command 0 ran on: no GPU found;" in out and "interrupts while it ran, per CPU:" in out
+    assert "busy while it ran, per CPU, %:" in out and "stolen by the hypervisor, per CPU, %:" in out
     assert (tmp_path / "bench.png").exists()
     with pytest.raises(SystemExit, match="no .*results.json"):
         main(["--report", "--out", str(tmp_path / "elsewhere")])
@@ -356,9 +357,11 @@ def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_aft
     assert [(r.path, r.rep) for r in runs] == [("bare", 0), ("bare", 1), ("bare", 2), ("plain-grpc", 0)]
     commands = json.loads(target.read_text())["commands"]
     assert [c["command"] for c in commands] == ["first", "second"]
-    # each command with the machine it ran on and the interrupts while it ran (tools/machine_facts.py)
+    # each command with the machine it ran on, the interrupts and each CPU's time while it ran (tools/machine_facts.py)
     for command in commands:
         assert command["machine"]["cpus"]["count"] > 0 and len(command["interrupts"]["per_cpu"]) > 0
+        cpus = len(command["cpu_time"]["busy_percent"])
+        assert cpus == len(command["cpu_time"]["steal_percent"]) == len(command["interrupts"]["per_cpu"])
         assert command["machine"]["gpus"] == []  # this CPU machine has none
     # Without --merge the file starts over.
     ResultsFile(target, merge=False, command="third", deployment="d.yaml").add(_run("bare", 1))

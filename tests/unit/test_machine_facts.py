@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tools import machine_facts
-from tools.machine_facts import cpu_facts, describe, interrupt_delta, read_interrupts
+from tools.machine_facts import cpu_facts, cpu_time_delta, describe, interrupt_delta, read_cpu_times, read_interrupts
 
 # /proc/interrupts as a 4-CPU machine writes it: numbered sources (chip, trigger, device), named ones, and ERR / MIS
 # with one machine-wide count.
@@ -48,6 +48,36 @@ def test_the_delta_says_where_interrupts_landed_and_which_sources_fired_most(tmp
     assert interrupt_delta(read_interrupts(before), appeared)["sources"]["130 nvidia"] == [0, 0, 0, 50]
 
 
+# /proc/stat as a 2-CPU virtual machine writes it: the machine-wide line first, then one per CPU (user nice system
+# idle iowait irq softirq steal guest guest_nice), then other counters.
+STAT = """\
+cpu  3000 0 1000 5000 200 0 100 700 0 0
+cpu0 2000 0 500 1000 100 0 50 350 0 0
+cpu1 1000 0 500 4000 100 0 50 350 0 0
+intr 123456 0 0
+ctxt 987654
+"""
+# 1000 ticks later on each CPU: CPU 0 busy 600 and stolen 300 of them, CPU 1 idle 900 and busy 100
+STAT_LATER = STAT.replace("cpu0 2000 0 500 1000 100 0 50 350", "cpu0 2500 0 600 1100 100 0 50 650").replace(
+    "cpu1 1000 0 500 4000 100 0 50 350", "cpu1 1080 0 520 4900 100 0 50 350"
+)
+
+
+def test_each_cpus_share_of_busy_and_stolen_time_between_two_readings(tmp_path: Path):
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.write_text(STAT)
+    after.write_text(STAT_LATER)
+    assert read_cpu_times(before) == {
+        "0": [2000, 0, 500, 1000, 100, 0, 50, 350],
+        "1": [1000, 0, 500, 4000, 100, 0, 50, 350],
+    }
+    assert cpu_time_delta(read_cpu_times(before), read_cpu_times(after)) == {
+        "busy_percent": [60.0, 10.0],
+        "steal_percent": [30.0, 0.0],
+    }
+    assert read_cpu_times(tmp_path / "absent") == {}
+
+
 def test_each_cpus_hyperthread_siblings_and_the_model(tmp_path: Path):
     for cpu, siblings in {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3", 10: "10"}.items():
         topology = tmp_path / f"cpu{cpu}" / "topology"
@@ -78,10 +108,13 @@ def test_a_command_record_is_described_in_a_few_lines():
             "cpus": {"model": "AMD EPYC", "count": 4, "siblings": {"0": "0,2", "1": "1,3", "2": "0,2", "3": "1,3"}},
         },
         "interrupts": {"per_cpu": [1400, 100, 0, 0], "sources": {"120 nvidia": [900, 0, 0, 0]}},
+        "cpu_time": {"busy_percent": [99.5, 40.0, 3.0, 0.0], "steal_percent": [0.5, 2.0, 0.0, 0.0]},
     }
     assert describe(command) == [
         "NVIDIA H200, 143771 MiB, 580.159.04; 4 CPUs (AMD EPYC), hyperthread siblings 0,2 1,3",
         "interrupts while it ran, per CPU: 1400 100 0 0",
         "  120 nvidia: 900, 900 of them on CPU 0",
+        "busy while it ran, per CPU, %: 99.5 40 3 0",
+        "stolen by the hypervisor, per CPU, %: 0.5 2 0 0",
     ]
     assert describe({"command": "an older bench's record"}) == []
