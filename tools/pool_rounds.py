@@ -1,13 +1,15 @@
 """A pair of paths' paired ratio over every round of several benchmark runs, pooled per level.
 
-    .venv/bin/python tools/pool_rounds.py FILE... [--pair bare,plain-grpc] [--below 0.95] [--min-streams 64]
+    .venv/bin/python tools/pool_rounds.py FILE... [--pair bare,plain-grpc]... [--below 0.95] [--min-streams 64]
+        [--each]
 
 FILE: tools/bench.py's results.json, or one of docs/gpu-bench-ab/*.json.xz. A round is one repetition of a level in
 one interleaved command (the two paths measured seconds apart); each round where both paths ran gives one ratio
 (the second path's tok/s over the first's). Per level: the rounds, their median, range, and how many fall below
 --below. What one command's three repetitions cannot say, many rounds of the same serving code can: whether a cell
 trails in most rounds or only in some. Streams started out of step (--stagger-seconds) are another workload than waves:
-their rounds pool apart from the waves' of the same level.
+their rounds pool apart from the waves' of the same level. --pair again for more pairs (a variant's model beside
+the deployment's: --pair plain-grpc,extra:c15_vllm_model); --each also lists every round's ratio, file by file.
 """
 
 from __future__ import annotations
@@ -45,26 +47,44 @@ def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--pair", default="bare,plain-grpc", help="FIRST,SECOND: the ratio is SECOND / FIRST")
+    parser.add_argument(
+        "--pair",
+        action="append",
+        help="FIRST,SECOND: the ratio is SECOND / FIRST (again for more pairs; default bare,plain-grpc)",
+    )
     parser.add_argument("--below", type=float, default=0.95, help="count the rounds whose ratio is below this")
     parser.add_argument("--min-streams", type=int, default=1, help="levels of at least this many streams")
+    parser.add_argument("--each", action="store_true", help="also every round's ratio, file by file")
     args = parser.parse_args(argv)
-    first, _, second = args.pair.partition(",")
-    if not first or not second:
-        parser.error("--pair takes two paths: FIRST,SECOND")
-    pooled = pooled_ratios([read(f) for f in args.files], first, second, args.min_streams)
-    if not pooled:
-        print(f"no round measured both {first} and {second}", file=sys.stderr)
-        return 1
-    print(f"{second} / {first} per round, pooled over {len(args.files)} file(s)")
-    for (max_tokens, concurrency, stagger), ratios in sorted(pooled.items()):
-        out_of_step = f" out of step by {stagger:g} s" if stagger else ""
-        print(
-            f"  {max_tokens} tokens x {concurrency} streams{out_of_step}: {len(ratios)} rounds, median"
-            f" {statistics.median(ratios):.3f}, {min(ratios):.2f}-{max(ratios):.2f},"
-            f" {sum(r < args.below for r in ratios)} below {args.below}"
-        )
-    return 0
+    pairs = []
+    for pair in args.pair or ["bare,plain-grpc"]:
+        first, _, second = pair.partition(",")
+        if not first or not second:
+            parser.error(f"--pair takes two paths: FIRST,SECOND (got {pair!r})")
+        pairs.append((first, second))
+    docs = [read(f) for f in args.files]
+    missing = 0
+    for first, second in pairs:
+        pooled = pooled_ratios(docs, first, second, args.min_streams)
+        if not pooled:
+            print(f"no round measured both {first} and {second}", file=sys.stderr)
+            missing += 1
+            continue
+        print(f"{second} / {first} per round, pooled over {len(args.files)} file(s)")
+        for level, ratios in sorted(pooled.items()):
+            max_tokens, concurrency, stagger = level
+            out_of_step = f" out of step by {stagger:g} s" if stagger else ""
+            print(
+                f"  {max_tokens} tokens x {concurrency} streams{out_of_step}: {len(ratios)} rounds, median"
+                f" {statistics.median(ratios):.3f}, {min(ratios):.2f}-{max(ratios):.2f},"
+                f" {sum(r < args.below for r in ratios)} below {args.below}"
+            )
+            if args.each:
+                for file, doc in zip(args.files, docs, strict=True):
+                    own = pooled_ratios([doc], first, second, args.min_streams).get(level)
+                    if own:
+                        print(f"    {file.name}: {' '.join(f'{r:.2f}' for r in own)}")
+    return 1 if missing else 0  # a pair no round measured: most likely a misspelt path
 
 
 if __name__ == "__main__":

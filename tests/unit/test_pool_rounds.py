@@ -80,3 +80,28 @@ def test_a_pair_no_round_measured_says_so_and_fails(tmp_path: Path, capsys):
     plain.write_text(json.dumps(FIRST))
     assert main([str(plain), "--pair", "bare,stream-grpc"]) == 1
     assert "no round measured both bare and stream-grpc" in capsys.readouterr().err
+
+
+def test_several_pairs_each_get_their_levels_and_each_lists_every_files_rounds(tmp_path: Path, capsys):
+    variant = _doc(
+        _run("bare", 100, "0.0"), _run("plain-grpc", 90, "0.0"), _run("extra:c15_vllm_model", 99, "0.0"),
+        _run("bare", 100, "0.1"), _run("plain-grpc", 100, "0.1"), _run("extra:c15_vllm_model", 95, "0.1"),
+    )  # fmt: skip
+    files = [tmp_path / "first.json", tmp_path / "variant.json"]
+    files[0].write_text(json.dumps(FIRST))
+    files[1].write_text(json.dumps(variant))
+    argv = [str(f) for f in files] + ["--min-streams", "64", "--each"]
+    assert main([*argv, "--pair", "bare,plain-grpc", "--pair", "plain-grpc,extra:c15_vllm_model"]) == 0
+    out = capsys.readouterr().out
+    assert "plain-grpc / bare per round, pooled over 2 file(s)\n  64 tokens x 64 streams: 4 rounds" in out
+    assert "    first.json: 0.90 1.20\n    variant.json: 0.90 1.00\n" in out
+    assert "extra:c15_vllm_model / plain-grpc per round" in out
+    assert (
+        "  64 tokens x 64 streams: 2 rounds, median 1.025, 0.95-1.10, 0 below 0.95\n    variant.json: 1.10 0.95" in out
+    )
+    assert "first.json: " not in out.split("extra:c15_vllm_model / plain-grpc")[1]  # no round of the pair there
+    # one pair of several that no round measured still fails the command, after the others are printed
+    assert main([*argv, "--pair", "bare,plain-grpc", "--pair", "bare,stream-grpc"]) == 1
+    captured = capsys.readouterr()
+    assert "plain-grpc / bare per round" in captured.out
+    assert "no round measured both bare and stream-grpc" in captured.err
