@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     docs = [read(f) for f in args.files]
     missing = 0
     for first, second in pairs:
-        pooled = pooled_ratios(docs, first, second, args.min_streams)
+        # each file's rounds once; the pooled list per level is theirs in the files' order
+        per_file = [pooled_ratios([doc], first, second, args.min_streams) for doc in docs]
+        pooled: dict[Level, list[float]] = defaultdict(list)
+        for own in per_file:
+            for level, ratios in own.items():
+                pooled[level].extend(ratios)
         if not pooled:
             print(f"no round measured both {first} and {second}", file=sys.stderr)
             missing += 1
@@ -80,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 f" {sum(r < args.below for r in ratios)} below {args.below}"
             )
             if args.each:
-                for file, doc in zip(args.files, docs, strict=True):
-                    own = pooled_ratios([doc], first, second, args.min_streams).get(level)
-                    if own:
-                        print(f"    {file.name}: {' '.join(f'{r:.2f}' for r in own)}")
+                for file, own in zip(args.files, per_file, strict=True):
+                    if level in own:
+                        print(f"    {file.name}: {' '.join(f'{r:.2f}' for r in own[level])}")
     return 1 if missing else 0  # a pair no round measured: most likely a misspelt path
 
 
