@@ -104,7 +104,7 @@ def read_cpu_times(path: Path = PROC_STAT) -> dict[str, list[int]]:
         return {}
     times = {}
     for line in lines:
-        name, *fields = line.split()
+        name, *fields = line.split() or [""]
         if name.startswith("cpu") and name[3:].isdigit():
             times[name[3:]] = [int(field) for field in fields[:8]]
     return times

@@ -49,13 +49,14 @@ def test_the_delta_says_where_interrupts_landed_and_which_sources_fired_most(tmp
 
 
 # /proc/stat as a 2-CPU virtual machine writes it: the machine-wide line first, then one per CPU (user nice system
-# idle iowait irq softirq steal guest guest_nice), then other counters.
+# idle iowait irq softirq steal guest guest_nice), then other counters; a blank line must not stop the reading.
 STAT = """\
 cpu  3000 0 1000 5000 200 0 100 700 0 0
 cpu0 2000 0 500 1000 100 0 50 350 0 0
 cpu1 1000 0 500 4000 100 0 50 350 0 0
 intr 123456 0 0
 ctxt 987654
+
 """
 # 1000 ticks later on each CPU: CPU 0 busy 600 and stolen 300 of them, CPU 1 idle 900 and busy 100
 STAT_LATER = STAT.replace("cpu0 2000 0 500 1000 100 0 50 350", "cpu0 2500 0 600 1100 100 0 50 650").replace(
