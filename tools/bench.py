@@ -138,6 +138,9 @@ from tools.bench_clients import (  # noqa: E402
 )
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
+from tools.gpu_clocks import GpuClockSampler  # noqa: E402
+from tools.gpu_clocks import describe as describe_gpu_clocks  # noqa: E402
+from tools.gpu_clocks import summarize as summarize_gpu_clocks  # noqa: E402
 from tools.machine_facts import (  # noqa: E402
     cpu_time_delta,
     interrupt_delta,
@@ -279,6 +282,9 @@ class LevelResult:
     # --one-stream-slices: the level was measured in this many slices, the turn once per slice, and this result adds
     # up its path's slices (1: the whole level at once, as every run before)
     slices: int = 1
+    # the GPU's clocks, power and temperature while it was measured (tools/gpu_clocks.py; None without nvidia-smi,
+    # or in results written before they were recorded); a sliced level's slices together
+    gpu_clocks: dict[str, Any] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -609,11 +615,14 @@ async def measure(
     cpu_before = process_group_cpu(pgid) if pgid else None
     if watch is not None:
         watch.start()
+    started = time.time()  # the wall clock: the bare worker's measurements are timed in its own process
     run = await runner.run(progress)
+    ended = time.time()
     if watch is not None:
         watch.stop()
     cpu = process_group_cpu(pgid) - cpu_before if pgid else None
     return {
+        "span": [started, ended],  # for the GPU's samples in it (record, in measure_all), not kept
         "wall": run.wall,
         "output_tokens": sum(s.output_tokens for s in run.samples),
         "cpu_seconds": cpu,
@@ -634,6 +643,7 @@ def add_slices(parts: list[dict[str, Any]]) -> dict[str, Any]:
         return None if any(value is None for value in values) else sum(values)
 
     return {
+        "gpu_samples": [sample for part in parts for sample in part.get("gpu_samples", [])],
         "wall": total("wall"),
         "output_tokens": total("output_tokens"),
         "cpu_seconds": total("cpu_seconds"),
@@ -1746,11 +1756,14 @@ async def measure_all(
     progress = tqdm(total=total, unit="req", desc="bench", file=sys.stderr)
 
     sliced = SlicedLevels()
+    gpu_clocks = GpuClockSampler()
 
     def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
+        measured["gpu_samples"] = gpu_clocks.between(*measured.pop("span"))
         whole = sliced.complete(path, rep, level, measured)
         if whole is None:  # a slice of a level whose path has slices to come
             return
+        whole["gpu_clocks"] = summarize_gpu_clocks(whole.pop("gpu_samples"))
         on_result(
             LevelResult(
                 path,
@@ -1790,6 +1803,7 @@ async def measure_all(
         await group.open()
         opened.append(group)
 
+    gpu_clocks.start()
     try:
         if args.interleave:  # every engine up (one after the other) before the first level
             for group in groups:
@@ -1806,6 +1820,7 @@ async def measure_all(
     finally:
         for group in reversed(opened):
             await group.close()
+        gpu_clocks.stop()
     progress.close()
 
 
@@ -1824,6 +1839,9 @@ def report(doc: dict[str, Any], results_path: Path, plot_path: Path) -> None:
         print("\n--background-load-alternate, each path's loaded repetition over its unloaded one before it:")
         for line in doc["background_load"]:
             print(line)
+    gpu_lines = describe_gpu_clocks(doc["runs"])
+    if gpu_lines:
+        print("\n" + "\n".join(gpu_lines))
     for index, command in enumerate(doc.get("commands", [])):
         lines = describe_machine(command)
         if lines:
@@ -1838,7 +1856,8 @@ def report_only(out: Path) -> int:
     if not path.exists():
         raise SystemExit(f"bench: --report: no {path}")
     commands = json.loads(path.read_text()).get("commands", [])
-    report({**judged(load_runs(path)), "commands": commands}, path, out / "bench.png")
+    runs = load_runs(path)
+    report({**judged(runs), "commands": commands, "runs": [asdict(run) for run in runs]}, path, out / "bench.png")
     return 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import fake_nvidia_smi
 from tools.bench import main
 
 pytestmark = pytest.mark.server
@@ -38,7 +39,10 @@ def _deployment(folder: Path, model: Path) -> Path:
     return path
 
 
-def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path: Path):
+def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path: Path, monkeypatch):
+    # A stand-in nvidia-smi (this machine has no GPU): the GPU's samples reach each measurement, its bare engine's
+    # timed in the worker process and the front ends' in theirs (tools/gpu_clocks.py)
+    monkeypatch.setenv("PATH", fake_nvidia_smi.install(tmp_path / "bin"))
     paths = "bare,bare-front-ends,bare-front-ends-stream"
     args = ["--deployment", str(_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "1,4"]
     args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
@@ -53,6 +57,13 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
         assert len(run["latencies"]) == REQUESTS and all(latency > 0 for latency in run["latencies"])
         streamed = run["path"] == "bare-front-ends-stream"
         assert len(run["ttfts"]) == (REQUESTS if streamed else 0), run["path"]
+    # the samples inside each one-stream measurement (eight requests one after the other; a loaded level's two waves
+    # may fall between two samples), each the stand-in's reading
+    for run in runs:
+        clocks = run["gpu_clocks"]
+        assert clocks is not None or run["concurrency"] > 1, run["path"]
+        if clocks is not None:
+            assert clocks["samples"] >= 1 and clocks["sm_mhz_median"] == fake_nvidia_smi.SM_MHZ, run["path"]
     # Each client process's requests got outputs, so each one's client attached to the launcher's engine: at 4
     # streams both processes ran 2 (a client that cannot attach never answers: its level fails)
     client_cpu = {run["concurrency"]: run["client_cpu_seconds"] for run in runs if run["path"] == "bare-front-ends"}

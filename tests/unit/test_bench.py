@@ -269,8 +269,23 @@ def test_report_judges_a_results_file_without_measuring(tmp_path: Path, capsys):
     assert "command 0 ran on: no GPU found;" in out and "interrupts while it ran, per CPU:" in out
     assert "busy while it ran, per CPU, %:" in out and "stolen by the hypervisor, per CPU, %:" in out
     assert (tmp_path / "bench.png").exists()
+    assert "GPU SM clock" not in out  # no measurement of this machine's has the GPU's samples
     with pytest.raises(SystemExit, match="no .*results.json"):
         main(["--report", "--out", str(tmp_path / "elsewhere")])
+
+
+def test_report_lists_the_measurements_whose_gpu_clock_fell(tmp_path: Path, capsys):
+    from tools.bench import main
+
+    results = ResultsFile(tmp_path / "results.json", merge=False, command="bench a", deployment="d")
+    for rep, lowest in enumerate((1980, 700)):
+        run = _run("bare", 100, rep=rep)
+        run.gpu_clocks = {"samples": 5, "sm_mhz_median": 1980, "sm_mhz_min": lowest, "reasons": []}
+        results.add(run)
+    assert main(["--report", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU SM clock while measuring: median 1980 MHz over 2 measurements, lowest sample 700 MHz" in out
+    assert "  bare 256 tokens x 64 rep 2: SM 700-1980 MHz (lowest-median), no reason given; 100 tok/s" in out
 
 
 class _Group:
@@ -645,23 +660,45 @@ def test_only_a_paths_first_slice_of_a_level_warms_up():
     assert runner.warm == [False, False, True, True, True, False]
 
 
+def test_a_measurement_says_when_it_ran_by_the_wall_clock():
+    # the GPU's samples (tools/gpu_clocks.py) are taken by the wall clock in the benchmark's process, the bare
+    # engine's measurements in its worker's: each measurement's span is the requests' time, not the warm-up's
+    class Timed:
+        async def prepare(self, *args, **kwargs):
+            await asyncio.sleep(0.2)
+
+        async def run(self, progress=None):
+            self.started = time.time()
+            await asyncio.sleep(0.1)
+            return LevelRun([Sample(0.1, 0.05, 64)], 0.1, 0.0)
+
+    runner = Timed()
+    level = {"concurrency": 1, "max_tokens": 64, "requests": 1, "stagger": 0.0}
+    before = time.time()
+    measured = asyncio.run(measure(runner, [], level, None, None))
+    start, end = measured["span"]
+    assert before + 0.2 <= start <= runner.started and end - start >= 0.1
+
+
 def test_a_paths_slices_add_up_to_one_measurement_of_the_level():
     sliced = SlicedLevels()
     level = {"concurrency": 1, "max_tokens": 64, "requests": 2, "slices": 2, "level_requests": 4}
 
-    def part(wall: float, latencies: list[float], cpu: float | None) -> dict:
+    def part(wall: float, latencies: list[float], cpu: float | None, gpu_samples: list | None = None) -> dict:
         ttfts = [latency / 10 for latency in latencies]
         tokens = 64 * len(latencies)
         return {"wall": wall, "output_tokens": tokens, "cpu_seconds": cpu, "latencies": latencies, "ttfts": ttfts,
-                "client_cpu_seconds": 0.5}  # fmt: skip
+                "client_cpu_seconds": 0.5, "gpu_samples": gpu_samples or []}  # fmt: skip
 
-    assert sliced.complete("bare", 0, level, part(0.2, [0.1, 0.1], 1.0)) is None  # a slice to come
+    assert sliced.complete("bare", 0, level, part(0.2, [0.1, 0.1], 1.0, ["a"])) is None  # a slice to come
     assert sliced.complete("plain-grpc", 0, level, part(0.3, [0.15, 0.15], None)) is None  # another path's
-    whole = sliced.complete("bare", 0, {**level, "requests": 2}, part(0.4, [0.2, 0.2], 2.0))
+    whole = sliced.complete("bare", 0, {**level, "requests": 2}, part(0.4, [0.2, 0.2], 2.0, ["b", "c"]))
     assert whole == {
         "wall": pytest.approx(0.6), "output_tokens": 256, "cpu_seconds": pytest.approx(3.0),
         "latencies": [0.1, 0.1, 0.2, 0.2], "ttfts": [0.01, 0.01, 0.02, 0.02], "client_cpu_seconds": 1.0,
+        "gpu_samples": ["a", "b", "c"],  # the GPU's samples of every slice, summed up by the caller
     }  # fmt: skip
+    del whole["gpu_samples"]
     result = LevelResult("bare", 64, 1, 0, 4, **whole)
     assert result.tokens_per_second == pytest.approx(256 / 0.6)  # the path's tokens over its own time, all slices
     # a CPU reading missing in one slice is missing for the level, not a part of it
