@@ -46,7 +46,10 @@ REASONS = {
 SLOWDOWNS = frozenset(
     {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
-SLOW_CLOCK = 0.9  # a measurement whose lowest SM clock is below this share of the run's median is listed
+# A measurement whose median SM clock is below this share of the run's is listed: its median, not its lowest sample,
+# as the GPU drops its clock within a fraction of a second idle (345 MHz against 1980 on an idle H200) and a wave of
+# requests may end between two samples
+SLOW_CLOCK = 0.9
 MAX_LISTED = 12
 
 
@@ -190,7 +193,7 @@ class GpuClockSampler:
 
 def describe(runs: Iterable[dict[str, Any]]) -> list[str]:
     """The report's lines: the SM clock over every measurement that has a summary, and the measurements whose
-    lowest SM clock fell below SLOW_CLOCK of that median or that a slowdown (SLOWDOWNS) held down (at most
+    median SM clock fell below SLOW_CLOCK of that median or that a slowdown (SLOWDOWNS) held down (at most
     MAX_LISTED, slowest first)."""
     measured = [run for run in runs if run.get("gpu_clocks")]
     medians = [run["gpu_clocks"]["sm_mhz_median"] for run in measured if run["gpu_clocks"]["sm_mhz_median"]]
@@ -204,16 +207,16 @@ def describe(runs: Iterable[dict[str, Any]]) -> list[str]:
     ]
 
     def slowed(clocks: dict[str, Any]) -> bool:
-        return clocks["sm_mhz_min"] < SLOW_CLOCK * typical or bool(SLOWDOWNS.intersection(clocks["reasons"]))
+        return clocks["sm_mhz_median"] < SLOW_CLOCK * typical or bool(SLOWDOWNS.intersection(clocks["reasons"]))
 
     flagged = [run for run in measured if slowed(run["gpu_clocks"])]
-    flagged.sort(key=lambda run: run["gpu_clocks"]["sm_mhz_min"])
+    flagged.sort(key=lambda run: run["gpu_clocks"]["sm_mhz_median"])
     for run in flagged[:MAX_LISTED]:
         clocks = run["gpu_clocks"]
         reasons = ", ".join(clocks["reasons"]) or "no reason given"
         lines.append(
-            f"  {run['path']} {run['max_tokens']} tokens x {run['concurrency']} rep {run['rep'] + 1}: SM "
-            f"{clocks['sm_mhz_min']:.0f}-{clocks['sm_mhz_median']:.0f} MHz (lowest-median), {reasons}; "
+            f"  {run['path']} {run['max_tokens']} tokens x {run['concurrency']} rep {run['rep'] + 1}: SM median "
+            f"{clocks['sm_mhz_median']:.0f} MHz (lowest {clocks['sm_mhz_min']:.0f}), {reasons}; "
             f"{run['output_tokens'] / run['wall']:.0f} tok/s"
         )
     if len(flagged) > MAX_LISTED:

@@ -278,14 +278,14 @@ def test_report_lists_the_measurements_whose_gpu_clock_fell(tmp_path: Path, caps
     from tools.bench import main
 
     results = ResultsFile(tmp_path / "results.json", merge=False, command="bench a", deployment="d")
-    for rep, lowest in enumerate((1980, 700)):
+    for rep, median in enumerate((1980, 1980, 700)):
         run = _run("bare", 100, rep=rep)
-        run.gpu_clocks = {"samples": 5, "sm_mhz_median": 1980, "sm_mhz_min": lowest, "reasons": []}
+        run.gpu_clocks = {"samples": 5, "sm_mhz_median": median, "sm_mhz_min": median - 10, "reasons": []}
         results.add(run)
     assert main(["--report", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "GPU SM clock while measuring: median 1980 MHz over 2 measurements, lowest sample 700 MHz" in out
-    assert "  bare 256 tokens x 64 rep 2: SM 700-1980 MHz (lowest-median), no reason given; 100 tok/s" in out
+    assert "GPU SM clock while measuring: median 1980 MHz over 3 measurements, lowest sample 690 MHz" in out
+    assert "  bare 256 tokens x 64 rep 3: SM median 700 MHz (lowest 690), no reason given; 100 tok/s" in out
 
 
 class _Group:

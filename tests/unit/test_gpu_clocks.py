@@ -60,15 +60,16 @@ def test_the_report_lists_the_measurements_whose_clock_fell_or_was_held_down():
         _run("bare", 0, 1970, 1980, []),
         _run("plain-grpc", 0, 1960, 1980, []),
         _run("bare", 1, 900, 1500, [], tokens=300),  # a slow spell
+        _run("bare-stream", 1, 345, 1975, []),  # one sample idle between two waves: no spell
         _run("plain-grpc", 1, 1950, 1980, ["sw_power_cap"]),  # held down, if only a little
         _run("stream-grpc", 0, 1975, 1980, ["applications_clocks_setting"]),  # a setting, not a slowdown
         {"path": "vllm-serve", "max_tokens": 64, "concurrency": 64, "rep": 0, "gpu_clocks": None},  # not sampled
     ]
     lines = describe(runs)
-    assert lines[0] == "GPU SM clock while measuring: median 1980 MHz over 5 measurements, lowest sample 900 MHz"
+    assert lines[0] == "GPU SM clock while measuring: median 1980 MHz over 6 measurements, lowest sample 345 MHz"
     assert lines[1:] == [
-        "  bare 64 tokens x 64 rep 2: SM 900-1500 MHz (lowest-median), no reason given; 150 tok/s",
-        "  plain-grpc 64 tokens x 64 rep 2: SM 1950-1980 MHz (lowest-median), sw_power_cap; 500 tok/s",
+        "  bare 64 tokens x 64 rep 2: SM median 1500 MHz (lowest 900), no reason given; 150 tok/s",
+        "  plain-grpc 64 tokens x 64 rep 2: SM median 1980 MHz (lowest 1950), sw_power_cap; 500 tok/s",
     ]
     steady = describe([_run("bare", 0, 1970, 1980, []), _run("bare", 1, 1965, 1980, [])])
     assert steady[1] == "  no measurement's clock below 90% of that, none slowed by power or heat"
