@@ -983,6 +983,9 @@ class BenchSetup:
     streaming: str
     engine_cpus: list[int] = field(default_factory=list)  # the deployment's core.engine_cpus
     front_ends: int = 1  # the deployment's core.front_ends
+    # the core.engine_cpus of its variants and --also-deployment's beside it in the server, which are not the
+    # deployment's: kept free of the benchmark's own processes too
+    other_engine_cpus: list[int] = field(default_factory=list)
 
 
 def bench_repository(
@@ -1058,6 +1061,7 @@ def bench_repository(
         deployment.names.streaming,
         list(deployment.core.engine_cpus),
         deployment.core.front_ends,
+        sorted({cpu for each in (*own, *others) for cpu in each.core.engine_cpus} - set(deployment.core.engine_cpus)),
     )
 
 
@@ -1687,10 +1691,13 @@ async def run_all(
     # The core's default engine environment, then the deployment's: server_environment() copies both into every
     # engine process of every path (`vllm serve` and the bare engine start theirs as the core does).
     os.environ.update({**ENGINE_ENV_DEFAULTS, **setup.engine_env})
-    if setup.engine_cpus:
-        # Every path's engine on the deployment's engine CPUs, everything else (this client, the servers) off
-        # them: this process first, so each server started below inherits the rest.
-        placement = EnginePlacement(setup.engine_cpus)
+    if setup.engine_cpus or setup.other_engine_cpus:
+        # Every path's engine on the deployment's engine CPUs (a variant's beside it on its own), everything else
+        # (this client and its client processes, the servers, the bare engine's other threads) off all of them:
+        # this process first, so each server started below inherits the rest. (Before, only the deployment's: in
+        # session 49 a variant's loop alone on CPU 15 had the client processes free to run there too, and that CPU
+        # was busy 54-60 % against 15-24 % on the deployment's CPU 0.)
+        placement = EnginePlacement([*setup.engine_cpus, *setup.other_engine_cpus])
         pin_process(os.getpid(), placement.other_cpus)
         print(f"bench: {placement.describe()}", file=sys.stderr)
     # Started after this process took its CPUs, so the busy loops inherit them and never share the engine's.

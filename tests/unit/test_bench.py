@@ -898,7 +898,7 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
     import tools.bench as bench
 
     events: list[str] = []
-    setup = SimpleNamespace(engine_env={}, engine_cpus=[0])
+    setup = SimpleNamespace(engine_env={}, engine_cpus=[0], other_engine_cpus=[])
     monkeypatch.setattr(bench, "bench_repository", lambda *args: setup)
     monkeypatch.setattr(bench, "pin_process", lambda pid, cpus: events.append(f"pin {sorted(cpus)}"))
 
@@ -929,6 +929,21 @@ def test_background_load_starts_after_the_bench_left_the_engines_cpus(tmp_path: 
     asyncio.run(bench.run_all(args, lambda result: None, lambda level: 0, lambda level: 1))
     others = sorted(os.sched_getaffinity(0) - {0})
     assert events == [f"pin {others}", "load 3 memory", "measure"]
+    # a variant's engine CPUs beside the deployment's (here the deployment's loop unplaced): the bench leaves them too
+    events.clear()
+    setup.engine_cpus, setup.other_engine_cpus = [], [0]
+    asyncio.run(bench.run_all(args, lambda result: None, lambda level: 0, lambda level: 1))
+    assert events == [f"pin {others}", "load 3 memory", "measure"]
+
+
+def test_the_variants_engine_cpus_are_known_to_the_bench(tmp_path: Path):
+    from repo_render import DEFAULT_CONFIG
+    from tools.bench import bench_repository
+
+    variants = [["c1_", "core.engine_cpus=[1]"], ["c0_", "core.engine_cpus=[0]"], ["u_", "core.engine_cpus=[]"]]
+    setup = bench_repository(tmp_path / "out", DEFAULT_CONFIG, {}, variants=variants)
+    assert (setup.engine_cpus, setup.other_engine_cpus) == ([], [0, 1])
+    assert {"c1_vllm_core", "c0_vllm_core", "u_vllm_core"} <= {p.name for p in setup.repo.iterdir()}
 
 
 def test_entry_plain_adds_the_plain_entry_model_on_the_same_core(tmp_path: Path) -> None:
