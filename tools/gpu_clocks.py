@@ -161,14 +161,14 @@ class GpuClockSampler:
                 stderr=subprocess.DEVNULL,
                 text=True,
             )
-            self._reader = threading.Thread(target=self._read, name="gpu-clocks", daemon=True)
+            lines = self._process.stdout
+            self._reader = threading.Thread(target=self._read, args=(lines,), name="gpu-clocks", daemon=True)
             self._reader.start()
             return True
         return False
 
-    def _read(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
-        for line in self._process.stdout:
+    def _read(self, lines: Iterable[str]) -> None:
+        for line in lines:  # until nvidia-smi ends (stop)
             sample = parse_line(line, time.time())
             if sample is not None:
                 with self._lock:
