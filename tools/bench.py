@@ -643,7 +643,7 @@ def add_slices(parts: list[dict[str, Any]]) -> dict[str, Any]:
         return None if any(value is None for value in values) else sum(values)
 
     return {
-        "gpu_samples": [sample for part in parts for sample in part.get("gpu_samples", [])],
+        "gpu_samples": [sample for part in parts for sample in part["gpu_samples"]],
         "wall": total("wall"),
         "output_tokens": total("output_tokens"),
         "cpu_seconds": total("cpu_seconds"),
@@ -1694,9 +1694,8 @@ async def run_all(
     if setup.engine_cpus or setup.other_engine_cpus:
         # Every path's engine on the deployment's engine CPUs (a variant's beside it on its own), everything else
         # (this client and its client processes, the servers, the bare engine's other threads) off all of them:
-        # this process first, so each server started below inherits the rest. (Before, only the deployment's: in
-        # session 49 a variant's loop alone on CPU 15 had the client processes free to run there too, and that CPU
-        # was busy 54-60 % against 15-24 % on the deployment's CPU 0.)
+        # this process first, so each server started below inherits the rest. A variant's loop shares its CPU
+        # with nothing of ours either, or the variant is not measured alike (docs/performance-gpu.md, session 49).
         placement = EnginePlacement([*setup.engine_cpus, *setup.other_engine_cpus])
         pin_process(os.getpid(), placement.other_cpus)
         print(f"bench: {placement.describe()}", file=sys.stderr)
