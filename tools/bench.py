@@ -68,7 +68,11 @@ stopped is completed by the next command); `--report` measures nothing and print
 targets (a run merged on other machines, or one an older bench judged).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
---max-requests, 512); one warm-up round per path and level is not counted. A level's streams start together, so
+--max-requests, 512); one warm-up round per path and level is not counted. Every request is counted as max_tokens
+tokens: the engine's own clients (bare, bare-front-ends) count each one's tokens and stop the run on a shortfall,
+and each served path, as it opens, is asked once per prompt and max_tokens with its server counting them
+(num_output_tokens; `vllm serve`'s usage), so a path that stopped early cannot pass for a fast one (the measured
+requests do not ask for counts: that would add work to every response). A level's streams start together, so
 with ignore_eos their requests run in waves that start and end in step; --stagger-seconds S spreads the streams'
 starts over S seconds (steady-state arrivals: the waves do not form).
 Reports per path and level: output tokens/s, requests/s, TTFT p50/p99, end-to-end latency p50/p99, server-side
@@ -133,6 +137,7 @@ from tools.bench_clients import (  # noqa: E402
     Prompt,
     Runner,
     engine_sender,
+    generated_tokens,
     open_runner,
     split,
 )
@@ -832,6 +837,40 @@ class FrontEndsGroup:
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
+def token_shortfall(path: str, max_tokens: int, counts: list[int]) -> str | None:
+    """What is wrong with a path's generated tokens, one count per request (None: each made max_tokens): with
+    ignore_eos each must, or the path's tok/s does not compare with the others'."""
+    wrong = [count for count in counts if count != max_tokens]
+    if not wrong:
+        return None
+    return (
+        f"{path} generated {', '.join(map(str, sorted(set(wrong))))} tokens in {len(wrong)} of {len(counts)} "
+        f"requests with max_tokens {max_tokens} and ignore_eos, not {max_tokens}: its tok/s would not compare"
+    )
+
+
+async def check_generated_tokens(
+    specs: dict[str, ClientSpec], prompts: list[Prompt], levels: list[dict[str, Any]]
+) -> None:
+    """Each served path's tokens for each prompt at each max_tokens of the run's levels, counted by its server, before
+    anything is measured (tools/bench_clients.py: measured requests take max_tokens on trust). Raises on a shortfall."""
+    token_counts = sorted({level["max_tokens"] for level in levels})
+    concurrency = max(level["concurrency"] for level in levels)
+    for path, spec in specs.items():
+        for max_tokens in token_counts:
+            counts = await generated_tokens(spec, prompts, max_tokens, concurrency)
+            if counts is None:  # its measured requests count their own (record, in measure_all)
+                break
+            if (problem := token_shortfall(path, max_tokens, counts)) is not None:
+                raise RuntimeError(f"token check: {problem}")
+        else:
+            maxima = ", ".join(map(str, token_counts))
+            print(
+                f"bench: token check: {path} generated max_tokens ({maxima}) for each of {len(prompts)} prompts",
+                file=sys.stderr,
+            )
+
+
 class ServedGroup:
     """The paths of one server (tritonserver or `vllm serve`): a client runner per path, --profile's watches."""
 
@@ -849,6 +888,7 @@ class ServedGroup:
 
     async def open(self) -> None:
         specs = await self.open_server()
+        await check_generated_tokens(specs, self.prompts, self.levels)
         for path, spec in specs.items():
             self.runners[path] = await open_runner(spec, self.args.client_processes)
 
@@ -1769,6 +1809,11 @@ async def measure_all(
         whole = sliced.complete(path, rep, level, measured)
         if whole is None:  # a slice of a level whose path has slices to come
             return
+        # The engine's own clients count each request's tokens (a served path's were checked when it opened)
+        requests = level.get("level_requests", level["requests"])
+        if whole["output_tokens"] != requests * level["max_tokens"]:
+            counted = f"{whole['output_tokens']} tokens over {requests} requests"
+            raise RuntimeError(f"token check: {path} generated {counted} with max_tokens {level['max_tokens']}")
         whole["gpu_clocks"] = summarize_gpu_clocks(whole.pop("gpu_samples"))
         on_result(
             LevelResult(

@@ -58,21 +58,26 @@ Send = Callable[[Prompt, int], Awaitable[Sample]]
 # Clients of the Triton paths ------------------------------------------------------------------------------
 
 
-def _input_arrays(text: str, max_tokens: int, stream: bool) -> list[tuple[str, Any, str]]:
+def _input_arrays(text: str, max_tokens: int, stream: bool, count: bool = False) -> list[tuple[str, Any, str]]:
+    """The vLLM backend's input tensors; `count` asks for num_output_tokens too (the token check, not a measured
+    request: it adds an output to every response)."""
     import numpy as np
 
     sampling = json.dumps({"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
-    return [
+    arrays = [
         ("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
         ("sampling_parameters", np.array([sampling.encode()], dtype=np.object_), "BYTES"),
         ("stream", np.array([stream]), "BOOL"),
         ("exclude_input_in_output", np.array([True]), "BOOL"),
     ]
+    if count:
+        arrays.append(("return_num_output_tokens", np.array([True]), "BOOL"))
+    return arrays
 
 
-def _triton_inputs(module: Any, text: str, max_tokens: int, stream: bool) -> list[Any]:
+def _triton_inputs(module: Any, text: str, max_tokens: int, stream: bool, count: bool = False) -> list[Any]:
     inputs = []
-    for name, array, dtype in _input_arrays(text, max_tokens, stream):
+    for name, array, dtype in _input_arrays(text, max_tokens, stream, count):
         tensor = module.InferInput(name, list(array.shape), dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -262,13 +267,14 @@ def engine_sender(llm: Any, stream: bool, prefix: str, on_output: Callable[..., 
     async def send(prompt: Prompt, max_tokens: int) -> Sample:
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
         start, submitted = time.perf_counter(), time.monotonic()
-        ttft = None
+        ttft, tokens = None, 0
         async for output in llm.generate({"prompt_token_ids": prompt.ids}, params, f"{prefix}-{next(counter)}"):
             if on_output is not None:
                 on_output(output, submitted, ttft is None)
             if ttft is None:
                 ttft = time.perf_counter() - start
-        return Sample(time.perf_counter() - start, ttft if stream else None, max_tokens)
+            tokens += len(output.outputs[0].token_ids)  # a DELTA output's new tokens; the FINAL_ONLY one's all
+        return Sample(time.perf_counter() - start, ttft if stream else None, tokens)
 
     return send
 
@@ -328,6 +334,112 @@ async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[No
     if spec.kind in ("engine-front-end", "engine-front-end-stream"):
         return await _engine_front_end_client(spec, spec.kind == "engine-front-end-stream")
     raise ValueError(f"unknown client kind {spec.kind!r}; one of {', '.join(CLIENT_KINDS)}")
+
+
+# The token check -------------------------------------------------------------------------------------------
+# A served path's Sample takes max_tokens on trust (counting every measured request would add work to it: an output
+# tensor per response, a usage chunk per stream). So before measuring, the benchmark asks each served path once per
+# prompt and max_tokens, with its server counting: a path that stopped early would otherwise look faster.
+
+
+async def generated_tokens(
+    spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int
+) -> list[int] | None:
+    """The output tokens `spec`'s path generates for each prompt with the benchmark's sampling, as its server counts
+    them (num_output_tokens; `vllm serve`'s usage, asked without streaming), at most `concurrency` at once (the
+    run's largest level: the engine's batch never exceeds what the run measures); None for the engine front ends,
+    whose measured requests count their own."""
+    if spec.kind.startswith("engine-front-end"):
+        return None
+    if spec.kind in ("openai", "openai-stream"):
+        return await _counted_completions(spec, prompts, max_tokens, concurrency)
+    if spec.kind == "http-generate":
+        return await _counted_generates(spec, prompts, max_tokens, concurrency)
+    return await _counted_triton(spec, prompts, max_tokens, concurrency)
+
+
+async def _each_prompt(count: Callable[[Prompt], Awaitable[int]], prompts: list[Prompt], concurrency: int) -> list[int]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: Prompt) -> int:
+        async with gate:
+            return await count(prompt)
+
+    return list(await asyncio.gather(*(one(prompt) for prompt in prompts)))
+
+
+async def _counted_triton(spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int) -> list[int]:
+    import tritonclient.grpc.aio as grpc_aio
+
+    stream = spec.kind != "grpc-infer"
+    client = grpc_aio.InferenceServerClient(spec.address)
+
+    async def count(prompt: Prompt) -> int:
+        inputs = _triton_inputs(grpc_aio, prompt.text, max_tokens, stream, count=True)
+        if not stream:
+            return int((await client.infer(spec.model, inputs)).as_numpy("num_output_tokens").sum())
+
+        async def requests():
+            yield {"model_name": spec.model, "inputs": inputs}
+
+        tokens = 0
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                raise error
+            counted = result.as_numpy("num_output_tokens")
+            tokens += 0 if counted is None else int(counted.sum())  # each response's own new tokens
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return tokens
+        raise RuntimeError("the server ended the stream before the request's final response")
+
+    try:
+        return await _each_prompt(count, prompts, concurrency)
+    finally:
+        await client.close()
+
+
+async def _counted_generates(spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int) -> list[int]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+
+        async def count(prompt: Prompt) -> int:
+            payload = {
+                "text_input": prompt.text,
+                "exclude_input_in_output": True,
+                "return_num_output_tokens": True,
+                "parameters": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True},
+            }
+            async with session.post(f"http://{spec.address}/v2/models/{spec.model}/generate", json=payload) as r:
+                body = await r.json(content_type=None)
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {body}")
+            counted = body["num_output_tokens"]  # a one-element output: a number, or a list of one
+            return int(sum(counted) if isinstance(counted, list) else counted)
+
+        return await _each_prompt(count, prompts, concurrency)
+
+
+async def _counted_completions(spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int) -> list[int]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+
+        async def count(prompt: Prompt) -> int:
+            payload = {
+                "model": spec.model,
+                "prompt": prompt.ids,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            async with session.post(f"http://{spec.address}/v1/completions", json=payload) as r:
+                body = await r.json(content_type=None)
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {body}")
+            return int(body["usage"]["completion_tokens"])
+
+        return await _each_prompt(count, prompts, concurrency)
 
 
 # Running a level --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL
-from tools.bench_clients import ClientSpec, Prompt, StreamPool, open_runner, run_level
+from tools.bench_clients import ClientSpec, Prompt, StreamPool, generated_tokens, open_runner, run_level
 
 pytestmark = pytest.mark.server
 
@@ -129,3 +129,21 @@ def test_long_lived_streams_carry_many_requests_and_drop_a_failed_one(server):
     assert opened == 3  # one stream per concurrent request, each reused over the 12 requests
     assert all(s.ttft is not None and s.output_tokens == MAX_TOKENS for s in after_error)
     assert opened_in_the_end == 4  # the stream that carried the error was dropped, not reused
+
+
+@pytest.mark.parametrize(
+    ("kind", "model"),
+    [
+        ("grpc-infer", PLAIN_MODEL),
+        ("http-generate", PLAIN_MODEL),
+        ("grpc-stream", STREAM_MODEL),
+        ("grpc-stream-per-request", STREAM_MODEL),
+    ],
+)
+def test_the_token_check_counts_what_the_server_generated_for_each_prompt(server, kind: str, model: str):
+    address = server.http_url if kind == "http-generate" else server.grpc_url
+    spec = ClientSpec(kind, address, model)
+    assert asyncio.run(generated_tokens(spec, PROMPTS, MAX_TOKENS, 2)) == [MAX_TOKENS] * len(PROMPTS)
+    # a streamed request's count adds up its responses' own (each response counts the tokens it brings)
+    assert asyncio.run(generated_tokens(spec, PROMPTS[:1], 1, 1)) == [1]
+    assert asyncio.run(generated_tokens(spec, PROMPTS[:1], 7, 1)) == [7]

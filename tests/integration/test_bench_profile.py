@@ -50,5 +50,7 @@ def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_
     # and vLLM's line per iteration is kept out of the logs
     assert "Iteration(" not in (tmp_path / "triton.log").read_text()
     assert "Iteration(" not in (tmp_path / "bare.log").read_text()
-    output = capsys.readouterr().out
-    assert "the engine's steps over each level" in output
+    captured = capsys.readouterr()
+    assert "the engine's steps over each level" in captured.out
+    # the served path's tokens were counted by the server before it was measured (the bare engine's per request)
+    assert "token check: plain-grpc generated max_tokens (8) for each of 16 prompts" in captured.err

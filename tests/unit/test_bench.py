@@ -16,6 +16,7 @@ from tools.bench import (
     ResultsFile,
     SlicedLevels,
     baseline_of,
+    check_generated_tokens,
     load_runs,
     measure,
     noise_lines,
@@ -27,9 +28,10 @@ from tools.bench import (
     schedule,
     summarize,
     target_lines,
+    token_shortfall,
     turn_order,
 )
-from tools.bench_clients import LevelRun, Prompt, Sample, run_level, split
+from tools.bench_clients import ClientSpec, LevelRun, Prompt, Sample, run_level, split
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -978,3 +980,35 @@ def test_entry_plain_adds_the_plain_entry_model_on_the_same_core(tmp_path: Path)
     setup = bench_repository(tmp_path / "out4", plain_core, {}, entry_plain="entry_plain")
     assert "EntryModel" in (setup.repo / "entry_plain" / "1" / "model.py").read_text()
     assert "CoreModel" in (setup.repo / "vllm_model" / "1" / "model.py").read_text()
+
+
+def test_a_path_that_generates_fewer_tokens_than_asked_is_named_with_its_counts():
+    assert token_shortfall("stream-grpc", 64, [64] * 16) is None
+    problem = token_shortfall("vllm-backend-stream", 64, [64, 17, 64, 3, 17])
+    assert problem is not None
+    assert problem.startswith("vllm-backend-stream generated 3, 17 tokens in 3 of 5 requests with max_tokens 64")
+
+
+def test_the_token_check_asks_every_served_path_at_every_max_tokens_and_stops_at_a_shortfall(monkeypatch, capsys):
+    import tools.bench as bench
+
+    asked: list[tuple[str, int]] = []
+
+    async def counts(spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int) -> list[int] | None:
+        asked.append((spec.model, max_tokens, concurrency))
+        if spec.kind.startswith("engine-front-end"):
+            return None
+        return [max_tokens - 1 if spec.model == "short" else max_tokens for _ in prompts]
+
+    monkeypatch.setattr(bench, "generated_tokens", counts)
+    prompts = [Prompt([1], "a"), Prompt([2], "b")]
+    specs = {"plain-grpc": ClientSpec("grpc-infer", "h:1", "plain"), "fe": ClientSpec("engine-front-end", "f", "fe")}
+    levels = [{"max_tokens": m, "concurrency": c} for m in (8, 32) for c in (1, 4)]
+    asyncio.run(check_generated_tokens(specs, prompts, levels))
+    # at most the largest level's concurrency at once; the front ends count each measured request themselves
+    assert asked == [("plain", 8, 4), ("plain", 32, 4), ("fe", 8, 4)]
+    assert "plain-grpc generated max_tokens (8, 32) for each of 2 prompts" in capsys.readouterr().err
+
+    specs["stream-grpc"] = ClientSpec("grpc-stream", "h:1", "short")
+    with pytest.raises(RuntimeError, match="token check: stream-grpc generated 7 tokens in 2 of 2 requests"):
+        asyncio.run(check_generated_tokens(specs, prompts, levels))
