@@ -58,12 +58,28 @@ Send = Callable[[Prompt, int], Awaitable[Sample]]
 # Clients of the Triton paths ------------------------------------------------------------------------------
 
 
+def _sampling(max_tokens: int) -> dict[str, Any]:
+    """Every path's sampling: greedy, and exactly max_tokens tokens (ignore_eos)."""
+    return {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
+
+
+def _generate_payload(prompt: Prompt, max_tokens: int, count: bool = False) -> dict[str, Any]:
+    """Triton's HTTP /generate body; `count` asks for num_output_tokens (the token check)."""
+    payload = {"text_input": prompt.text, "exclude_input_in_output": True, "parameters": _sampling(max_tokens)}
+    return {**payload, "return_num_output_tokens": True} if count else payload
+
+
+def _completions_payload(model: str, prompt: Prompt, max_tokens: int, stream: bool) -> dict[str, Any]:
+    """`vllm serve`'s /v1/completions body, with the prompt's token ids."""
+    return {"model": model, "prompt": prompt.ids, **_sampling(max_tokens), "stream": stream}
+
+
 def _input_arrays(text: str, max_tokens: int, stream: bool, count: bool = False) -> list[tuple[str, Any, str]]:
     """The vLLM backend's input tensors; `count` asks for num_output_tokens too (the token check, not a measured
     request: it adds an output to every response)."""
     import numpy as np
 
-    sampling = json.dumps({"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
+    sampling = json.dumps(_sampling(max_tokens))
     arrays = [
         ("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
         ("sampling_parameters", np.array([sampling.encode()], dtype=np.object_), "BYTES"),
@@ -214,11 +230,7 @@ async def _http_client(spec: ClientSpec, kind: str) -> tuple[Send, Callable[[], 
 
     async def generate(prompt: Prompt, max_tokens: int) -> Sample:
         """Triton's HTTP /generate."""
-        payload = {
-            "text_input": prompt.text,
-            "exclude_input_in_output": True,
-            "parameters": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True},
-        }
+        payload = _generate_payload(prompt, max_tokens)
         start = time.perf_counter()
         async with session.post(f"http://{spec.address}/v2/models/{spec.model}/generate", json=payload) as r:
             body = await r.read()
@@ -229,14 +241,7 @@ async def _http_client(spec: ClientSpec, kind: str) -> tuple[Send, Callable[[], 
     async def completions(prompt: Prompt, max_tokens: int) -> Sample:
         """`vllm serve`'s /v1/completions, with the prompt's token ids."""
         stream = kind == "openai-stream"
-        payload = {
-            "model": spec.model,
-            "prompt": prompt.ids,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": stream,
-        }
+        payload = _completions_payload(spec.model, prompt, max_tokens, stream)
         start = time.perf_counter()
         ttft = None
         async with session.post(f"http://{spec.address}/v1/completions", json=payload) as r:
@@ -265,7 +270,7 @@ def engine_sender(llm: Any, stream: bool, prefix: str, on_output: Callable[..., 
     counter = itertools.count()
 
     async def send(prompt: Prompt, max_tokens: int) -> Sample:
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
+        params = SamplingParams(**_sampling(max_tokens), output_kind=kind)
         start, submitted = time.perf_counter(), time.monotonic()
         ttft, tokens = None, 0
         async for output in llm.generate({"prompt_token_ids": prompt.ids}, params, f"{prefix}-{next(counter)}"):
@@ -404,12 +409,7 @@ async def _counted_generates(spec: ClientSpec, prompts: list[Prompt], max_tokens
     async with aiohttp.ClientSession() as session:
 
         async def count(prompt: Prompt) -> int:
-            payload = {
-                "text_input": prompt.text,
-                "exclude_input_in_output": True,
-                "return_num_output_tokens": True,
-                "parameters": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True},
-            }
+            payload = _generate_payload(prompt, max_tokens, count=True)
             async with session.post(f"http://{spec.address}/v2/models/{spec.model}/generate", json=payload) as r:
                 body = await r.json(content_type=None)
                 if r.status != 200:
@@ -426,13 +426,7 @@ async def _counted_completions(spec: ClientSpec, prompts: list[Prompt], max_toke
     async with aiohttp.ClientSession() as session:
 
         async def count(prompt: Prompt) -> int:
-            payload = {
-                "model": spec.model,
-                "prompt": prompt.ids,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-            }
+            payload = _completions_payload(spec.model, prompt, max_tokens, stream=False)
             async with session.post(f"http://{spec.address}/v1/completions", json=payload) as r:
                 body = await r.json(content_type=None)
                 if r.status != 200:
