@@ -110,7 +110,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -871,6 +871,19 @@ async def check_generated_tokens(
             )
 
 
+async def close_all(closers: Iterable[Callable[[], Awaitable[None]]]) -> None:
+    """Call every closer even if one fails (then raise the first failure): a run stopped midway still stops every
+    server and worker it started."""
+    failure: BaseException | None = None
+    for close in closers:
+        try:
+            await close()
+        except BaseException as exc:  # noqa: BLE001 - raised once the others are closed too
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
 class ServedGroup:
     """The paths of one server (tritonserver or `vllm serve`): a client runner per path, --profile's watches."""
 
@@ -903,8 +916,7 @@ class ServedGroup:
 
     async def close(self) -> None:
         try:
-            for runner in self.runners.values():
-                await runner.close()
+            await close_all(runner.close for runner in self.runners.values())
         finally:
             await self.close_server()
 
@@ -1869,9 +1881,10 @@ async def measure_all(
                 load.run(rep % 2 == 1)
             record(path, rep, level, await group.measure(path, rep, level, progress))
     finally:
-        for group in reversed(opened):
-            await group.close()
-        gpu_clocks.stop()
+        try:
+            await close_all(group.close for group in reversed(opened))
+        finally:
+            gpu_clocks.stop()
     progress.close()
 
 

@@ -11,6 +11,7 @@ concurrency and of the requests; the level's wall time is from the first process
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import itertools
@@ -629,7 +630,9 @@ class ProcessPoolRunner:
 
     async def close(self) -> None:
         for connection in self._connections:
-            connection.send(None)
+            # A process that is gone already (`timeout` signals the whole process group, these included) is not told
+            with contextlib.suppress(OSError):
+                connection.send(None)
         for process in self._processes:
             process.join(timeout=30)
             if process.is_alive():

@@ -1,8 +1,10 @@
 """tools/bench.py stopped by SIGTERM (what `timeout` and job schedulers send): the servers, engines and workers it
 started run in sessions of their own, so the signal's default (this process dies alone) left them running. On the
 H100 an orphaned benchmark server kept ~14,000 threads and its engines' GPU memory, and the next run on the machine
-failed with "can't start new thread". Measured here with the real server and engine: every process the run started
-is gone once it exits."""
+failed with "can't start new thread". `timeout` signals the benchmark's whole process group, its client processes
+too (--client-processes): on the H200 their closed pipes then failed the first group's close and the groups after it
+were never closed (`vllm serve` left running). Measured here with the real server and engine, signalled as `timeout`
+does: every process the run started is gone once it exits."""
 
 from __future__ import annotations
 
@@ -55,6 +57,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:200]
+    except OSError:
+        return ""
+
+
 def _measured(results: Path) -> set[str]:
     try:
         return {run["path"] for run in json.loads(results.read_text())["runs"]}
@@ -65,8 +74,10 @@ def _measured(results: Path) -> set[str]:
 def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
     out = tmp_path / "out"
     command = [sys.executable, str(ROOT / "tools" / "bench.py"), "--paths", "bare,plain-grpc", "--levels", "1"]
-    command += ["--max-tokens", "8", "--reps", "1000", "--interleave", "--out", str(out)]
-    bench = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command += ["--max-tokens", "8", "--reps", "1000", "--interleave", "--client-processes", "2", "--out", str(out)]
+    bench = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + START_SECONDS
         while _measured(out / "results.json") != {"bare", "plain-grpc"}:
@@ -76,13 +87,15 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
         started = _descendants(bench.pid)
         names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in started if _alive(pid)}
         assert "tritonserver" in names, names  # the run's server is among them, and the engines' processes
-        bench.send_signal(signal.SIGTERM)
+        assert any("multiprocessing" in _command(pid) for pid in started)  # its client processes
+        os.killpg(bench.pid, signal.SIGTERM)  # as `timeout` does: the benchmark's process group
         output, _ = bench.communicate(timeout=STOP_SECONDS)
     finally:
         if bench.poll() is None:
             bench.kill()
     assert bench.returncode == 1, output[-3000:]
     assert "bench: stopped early (interrupted)" in output
+    assert "unhandled exception" not in output and "Unclosed" not in output, output[-3000:]  # every group closed
     # what it measured before the signal is kept, each run with its place in the turn (ours first, then its baseline)
     assert _measured(out / "results.json") == {"bare", "plain-grpc"}
     runs = json.loads((out / "results.json").read_text())["runs"]
@@ -90,7 +103,7 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
     deadline = time.monotonic() + 10  # a process that was killed last may still be on its way out
     while (left := {pid for pid in started if _alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.5)
-    commands = {pid: Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:200] for pid in left}
+    commands = {pid: _command(pid) for pid in left}
     for pid in left:  # not left running for the rest of the suite
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)

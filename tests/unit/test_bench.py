@@ -17,6 +17,7 @@ from tools.bench import (
     SlicedLevels,
     baseline_of,
     check_generated_tokens,
+    close_all,
     load_runs,
     measure,
     noise_lines,
@@ -31,7 +32,7 @@ from tools.bench import (
     token_shortfall,
     turn_order,
 )
-from tools.bench_clients import ClientSpec, LevelRun, Prompt, Sample, run_level, split
+from tools.bench_clients import ClientSpec, LevelRun, ProcessPoolRunner, Prompt, Sample, run_level, split
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -1012,3 +1013,30 @@ def test_the_token_check_asks_every_served_path_at_every_max_tokens_and_stops_at
     specs["stream-grpc"] = ClientSpec("grpc-stream", "h:1", "short")
     with pytest.raises(RuntimeError, match="token check: stream-grpc generated 7 tokens in 2 of 2 requests"):
         asyncio.run(check_generated_tokens(specs, prompts, levels))
+
+
+def test_a_client_pool_whose_processes_are_gone_still_closes():
+    # `timeout` signals the benchmark's whole process group: its client processes die with it, and the pool's close
+    # (on the run's way out) finds their pipes closed
+    pool = ProcessPoolRunner(ClientSpec("grpc-infer", "127.0.0.1:1", "m"), 2)
+    for process in pool._processes:
+        process.terminate()
+        process.join(timeout=30)
+    assert not any(process.is_alive() for process in pool._processes)
+    asyncio.run(pool.close())
+
+
+def test_closing_a_run_closes_every_group_and_then_raises_the_first_failure():
+    closed: list[str] = []
+
+    def closer(name: str, fails: bool = False):
+        async def close() -> None:
+            closed.append(name)
+            if fails:
+                raise BrokenPipeError(name)
+
+        return close
+
+    with pytest.raises(BrokenPipeError, match="triton"):
+        asyncio.run(close_all([closer("triton", fails=True), closer("vllm-serve"), closer("bare", fails=True)]))
+    assert closed == ["triton", "vllm-serve", "bare"]
