@@ -1863,8 +1863,8 @@ async def measure_all(
 
     async def start(group: Group) -> None:
         progress.set_description(f"starting {', '.join(group.paths)}")
+        opened.append(group)  # closed on the way out even if it fails midway through opening (a failed token check)
         await group.open()
-        opened.append(group)
 
     gpu_clocks.start()
     try:

@@ -108,3 +108,37 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     assert not left, commands
+
+
+def test_a_server_whose_path_fails_its_token_check_is_stopped(tiny_model: Path, tmp_path: Path):
+    # The benchmark's ~400-token prompts do not fit this engine: the token check, as the server opens, gets an error
+    # for them. The run stops there, and the server it started is stopped with it (it was not yet "opened").
+    deployment = tmp_path / "short.yaml"
+    deployment.write_text(
+        f"model: {tiny_model}\nengine_args:\n  enforce_eager: true\n  max_model_len: 128\n"
+        "  kv_cache_memory_bytes: 268435456\n  disable_log_stats: true\n",
+        encoding="utf-8",
+    )
+    command = [sys.executable, str(ROOT / "tools" / "bench.py"), "--deployment", str(deployment)]
+    command += ["--paths", "plain-grpc", "--levels", "1", "--max-tokens", "4", "--out", str(tmp_path / "out")]
+    bench = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    servers: set[int] = set()
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while bench.poll() is None and time.monotonic() < deadline:
+            servers |= {pid for pid in _descendants(bench.pid) if "tritonserver" in _command(pid)}
+            time.sleep(0.5)
+        output, _ = bench.communicate(timeout=STOP_SECONDS)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 1, output[-3000:]
+    assert servers, "the run's server was never seen"
+    assert "bench: stopped early (InferenceServerException" in output, output[-3000:]
+    deadline = time.monotonic() + 10
+    while (left := {pid for pid in servers if _alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left
