@@ -348,20 +348,18 @@ async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[No
 # prompt and max_tokens, with its server counting: a path that stopped early would otherwise look faster.
 
 
-async def generated_tokens(
-    spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int
-) -> list[int] | None:
-    """The output tokens `spec`'s path generates for each prompt with the benchmark's sampling, as its server counts
-    them (num_output_tokens; `vllm serve`'s usage, asked without streaming), at most `concurrency` at once (the
-    run's largest level: the engine's batch never exceeds what the run measures); None for the engine front ends,
-    whose measured requests count their own."""
-    if spec.kind.startswith("engine-front-end"):
-        return None
+async def generated_tokens(spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int) -> list[int]:
+    """The output tokens a served path (`spec`) generates for each prompt with the benchmark's sampling, as its server
+    counts them (num_output_tokens; `vllm serve`'s usage, asked without streaming), at most `concurrency` at once
+    (the run's largest level: the engine's batch never exceeds what the run measures). The engine's own clients
+    (engine_sender) count every measured request instead."""
     if spec.kind in ("openai", "openai-stream"):
         return await _counted_completions(spec, prompts, max_tokens, concurrency)
     if spec.kind == "http-generate":
         return await _counted_generates(spec, prompts, max_tokens, concurrency)
-    return await _counted_triton(spec, prompts, max_tokens, concurrency)
+    if spec.kind.startswith("grpc-"):
+        return await _counted_triton(spec, prompts, max_tokens, concurrency)
+    raise ValueError(f"no server counts the tokens of client kind {spec.kind!r}")
 
 
 async def _each_prompt(count: Callable[[Prompt], Awaitable[int]], prompts: list[Prompt], concurrency: int) -> list[int]:

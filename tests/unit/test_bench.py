@@ -993,22 +993,21 @@ def test_a_path_that_generates_fewer_tokens_than_asked_is_named_with_its_counts(
 def test_the_token_check_asks_every_served_path_at_every_max_tokens_and_stops_at_a_shortfall(monkeypatch, capsys):
     import tools.bench as bench
 
-    asked: list[tuple[str, int]] = []
+    asked: list[tuple[str, int, int]] = []
 
-    async def counts(spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int) -> list[int] | None:
+    async def counts(spec: ClientSpec, prompts: list[Prompt], max_tokens: int, concurrency: int) -> list[int]:
         asked.append((spec.model, max_tokens, concurrency))
-        if spec.kind.startswith("engine-front-end"):
-            return None
         return [max_tokens - 1 if spec.model == "short" else max_tokens for _ in prompts]
 
     monkeypatch.setattr(bench, "generated_tokens", counts)
     prompts = [Prompt([1], "a"), Prompt([2], "b")]
-    specs = {"plain-grpc": ClientSpec("grpc-infer", "h:1", "plain"), "fe": ClientSpec("engine-front-end", "f", "fe")}
+    specs = {"plain-grpc": ClientSpec("grpc-infer", "h:1", "plain"), "vllm-serve": ClientSpec("openai", "h:2", "v")}
     levels = [{"max_tokens": m, "concurrency": c} for m in (8, 32) for c in (1, 4)]
     asyncio.run(check_generated_tokens(specs, prompts, levels))
-    # at most the largest level's concurrency at once; the front ends count each measured request themselves
-    assert asked == [("plain", 8, 4), ("plain", 32, 4), ("fe", 8, 4)]
-    assert "plain-grpc generated max_tokens (8, 32) for each of 2 prompts" in capsys.readouterr().err
+    # every path at every max_tokens, at most the largest level's concurrency at once
+    assert asked == [("plain", 8, 4), ("plain", 32, 4), ("v", 8, 4), ("v", 32, 4)]
+    err = capsys.readouterr().err
+    assert "plain-grpc generated max_tokens (8, 32) for each of 2 prompts" in err and "vllm-serve generated" in err
 
     specs["stream-grpc"] = ClientSpec("grpc-stream", "h:1", "short")
     with pytest.raises(RuntimeError, match="token check: stream-grpc generated 7 tokens in 2 of 2 requests"):
