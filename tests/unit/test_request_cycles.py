@@ -1,0 +1,63 @@
+"""tools/request_cycles.py: a stream's time per request, split into the requests' latency and the time between."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from tools.bench import LevelResult
+from tools.request_cycles import cycle_of, cycles, main
+
+
+def _run(
+    path: str, wall: float, latencies: list[float], concurrency: int = 4, requests: int = 8, **extra: object
+) -> LevelResult:
+    return LevelResult(path, 64, concurrency, 0, requests, wall, 64 * requests, None, latencies=latencies, **extra)
+
+
+def test_the_cycle_is_wall_times_streams_over_requests_and_between_is_what_latency_leaves():
+    # 4 streams, 8 requests in 2.0 s: each stream spent 1.0 s per request, 0.75 of it inside the requests
+    cycle = cycle_of(_run("bare", 2.0, [0.5] * 4 + [1.0] * 4))
+    assert cycle is not None
+    assert cycle.cycle == pytest.approx(1.0)
+    assert cycle.latency == pytest.approx(0.75)
+    assert cycle.between == pytest.approx(0.25)
+    assert (cycle.p10, cycle.p90) == (0.5, 1.0)
+
+
+def test_levels_without_latencies_or_measured_in_slices_have_no_cycle():
+    assert cycle_of(_run("bare", 2.0, [])) is None
+    assert cycle_of(_run("bare", 2.0, [0.5] * 8, slices=8)) is None  # the wall time adds up slices
+
+
+def test_cycles_group_rounds_per_level_and_path_and_keep_out_of_step_levels_apart():
+    runs = [
+        _run("bare", 2.0, [0.9] * 8),
+        _run("plain-grpc", 2.4, [1.18] * 8),
+        _run("bare", 2.2, [1.0] * 8),
+        _run("bare", 3.0, [1.4] * 8, stagger_seconds=0.7),
+        _run("bare", 0.5, [0.5], concurrency=1, requests=1),  # fewer streams than asked for
+        _run("bare", 9.0, [4.0] * 8, background_load=4),  # not the workload the others measured
+    ]
+    found = cycles(runs, None, min_streams=4)
+    assert set(found) == {(64, 4, 0.0), (64, 4, 0.7)}
+    assert [round(c.between, 3) for c in found[(64, 4, 0.0)]["bare"]] == [0.1, 0.1]
+    assert [round(c.between, 3) for c in found[(64, 4, 0.0)]["plain-grpc"]] == [0.02]
+    assert set(cycles(runs, ["plain-grpc"], min_streams=4)[(64, 4, 0.0)]) == {"plain-grpc"}
+
+
+def test_it_prints_each_paths_rounds_in_ms(tmp_path: Path, capsys):
+    doc = {"runs": [asdict(_run("bare", 2.0, [0.9] * 8)), asdict(_run("plain-grpc", 2.4, [1.18] * 8))]}
+    file = tmp_path / "results.json.xz"
+    file.write_bytes(lzma.compress(json.dumps(doc).encode()))
+    assert main([str(file), "--min-streams", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "64 tokens x 4 streams\n" in out
+    assert "  bare                     cycle 1000  latency 900  between 100  p10-p90 900-900" in out
+    assert "  plain-grpc               cycle 1200  latency 1180  between 20  p10-p90 1180-1180" in out
+    assert main([str(file), "--paths", "vllm-serve"]) == 1
+    assert "no level with its requests' latencies matched" in capsys.readouterr().err
