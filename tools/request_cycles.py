@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench import LevelResult, runs_of  # noqa: E402
+from tools.bench import LevelResult, percentile, runs_of  # noqa: E402
 from tools.pair_spread import read  # noqa: E402
+from tools.pool_rounds import Level  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -43,20 +44,17 @@ def cycle_of(run: LevelResult) -> Cycle | None:
     """None for a level without its latencies or measured in slices."""
     if not run.latencies or run.slices > 1 or run.requests <= 0:
         return None
-    ordered = sorted(run.latencies)
     return Cycle(
         cycle=run.wall * run.concurrency / run.requests,
-        latency=statistics.fmean(ordered),
-        p10=ordered[len(ordered) // 10],
-        p90=ordered[9 * len(ordered) // 10],
+        latency=statistics.fmean(run.latencies),
+        p10=percentile(run.latencies, 10) or 0.0,
+        p90=percentile(run.latencies, 90) or 0.0,
     )
 
 
-def cycles(
-    runs: list[LevelResult], paths: list[str] | None, min_streams: int
-) -> dict[tuple[int, int, float], dict[str, list[Cycle]]]:
+def cycles(runs: list[LevelResult], paths: list[str] | None, min_streams: int) -> dict[Level, dict[str, list[Cycle]]]:
     """(max_tokens, concurrency, stagger) -> path -> its rounds' cycles, in the runs' order."""
-    found: dict[tuple[int, int, float], dict[str, list[Cycle]]] = {}
+    found: dict[Level, dict[str, list[Cycle]]] = {}
     for run in runs:
         if run.concurrency < min_streams or (paths and run.path not in paths) or run.background_load:
             continue
