@@ -1309,6 +1309,10 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "client_cores": statistics.median(client) if client else None,
                 "engine_running_mean": statistics.median(x["running_mean"] for x in steps) if steps else None,
                 "engine_steps_per_s": _median_of([x["steps_per_second"] for x in steps]),
+                # the round's wall time over the engine's steps in it: known for a core with several front ends too
+                "engine_step_ms": _median_of(
+                    [r.wall * 1000 / r.engine_steps["steps"] for r in reps if (r.engine_steps or {}).get("steps")]
+                ),
                 **engine_lag_columns([r.engine_lags for r in reps if r.engine_lags]),
                 **engine_detail_columns(detailed),
                 "triton_models": triton_model_columns([r.triton_stats for r in reps if r.triton_stats]),
@@ -1441,7 +1445,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}"
             f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}{'intake':>8}{'return':>8}"
-            f"{'queue':>7}{'1st tok':>8}{'ms/tok':>8}"
+            f"{'queue':>7}{'1st tok':>8}{'ms/tok':>8}{'step ms':>8}"
         )
         by_key = {(row["path"], row["max_tokens"], row["concurrency"]): row for row in engine_rows}
         for row in engine_rows:
@@ -1458,7 +1462,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{_fmt(decode_ratio, '.2f'):>7}{_fmt(wait, '.2f'):>9}{_fmt(cpu, '.2f'):>8}"
                 f"{_fmt(row.get('engine_intake_ms'), '.1f'):>8}{_fmt(row.get('engine_return_ms'), '.1f'):>8}"
                 f"{_fmt(row.get('engine_queue_ms'), '.1f'):>7}{_fmt(row.get('engine_prefill_ms'), '.1f'):>8}"
-                f"{_fmt(row.get('engine_token_ms'), '.2f'):>8}"
+                f"{_fmt(row.get('engine_token_ms'), '.2f'):>8}{_fmt(row.get('engine_step_ms'), '.2f'):>8}"
             )
         print(
             "running: requests in the engine's batch per step; ratio: steps/s to the baseline's; prefill: the share of"
@@ -1468,7 +1472,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             " EngineCore queued it; return: ms from the end of the step that made an output until its consumer had it;"
             " inside the EngineCore, per finished request: queue: ms from queued to first scheduled, 1st tok: from"
             " then until the step that made its first token ended, ms/tok: per token after the first (means, by the"
-            " EngineCore's clock)"
+            " EngineCore's clock); step ms: the repetition's wall time over the engine's steps in it (for a core with"
+            " several front ends too: the same work in more ms is slower steps)"
         )
     triton_rows = [row for row in rows if row.get("triton_models")]
     if triton_rows:
