@@ -7,17 +7,23 @@ FILE: tools/bench.py's results.json, or one of docs/gpu-bench-ab/*.json.xz. A ro
 one interleaved command (the two paths measured seconds apart); each round where both paths ran gives one ratio
 (the second path's tok/s over the first's). Per level: the rounds, their median, range, and how many fall below
 --below. What one command's three repetitions cannot say, many rounds of the same serving code can: whether a cell
-trails in most rounds or only in some. Streams started out of step (--stagger-seconds) are another workload than waves:
-their rounds pool apart from the waves' of the same level. --pair again for more pairs (a variant's model beside
-the deployment's: --pair plain-grpc,extra:c15_vllm_model); --each also lists every round's ratio, file by file.
+trails in most rounds or only in some. Then every level together (waves apart from out of step): the geometric mean
+of the rounds' ratios with +-2 standard errors, a round's spread within its level (the standard deviation of the log
+ratio about its level's mean), and at that spread how often a path exactly as fast as the other would get a median
+of three rounds at or above --below (the benchmark's verdict on one cell). Streams started out of step
+(--stagger-seconds) are another workload than waves: their rounds pool apart from the waves' of the same level.
+--pair again for more pairs (a variant's model beside the deployment's: --pair plain-grpc,extra:c15_vllm_model);
+--each also lists every round's ratio, file by file. --below 0.9 for the streamed pair's target.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,6 +48,41 @@ def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -
             if concurrency >= min_streams and first in paths and second in paths:
                 pooled[(max_tokens, concurrency, stagger)].append(paths[second][1] / paths[first][1])
     return pooled
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """Every level's rounds together, each round's log ratio taken about its level's mean for the spread."""
+
+    rounds: int
+    geometric_mean: float
+    low: float  # the geometric mean at -2 standard errors (over all the rounds)
+    high: float
+    spread: float  # the standard deviation of a round's log ratio within its level
+    equal_meets: float  # the chance a path exactly as fast gets a median of 3 rounds >= the threshold, at that spread
+
+
+def pooled_over_levels(levels: list[list[float]], threshold: float) -> Pooled | None:
+    """None with fewer than two rounds beyond one per level (no spread within a level to go by)."""
+    logs = [[math.log(r) for r in ratios] for ratios in levels if ratios]
+    rounds = sum(len(own) for own in logs)
+    freedom = rounds - len(logs)
+    if freedom < 2:
+        return None
+    spread = math.sqrt(sum((x - statistics.fmean(own)) ** 2 for own in logs for x in own) / freedom)
+    everything = [x for own in logs for x in own]
+    centre = statistics.fmean(everything)
+    error = statistics.stdev(everything) / math.sqrt(rounds)
+    # a median of three at or above the threshold: two or three of the rounds are
+    above = 1 - statistics.NormalDist(0, spread).cdf(math.log(threshold)) if spread > 0 else 1.0
+    return Pooled(
+        rounds=rounds,
+        geometric_mean=math.exp(centre),
+        low=math.exp(centre - 2 * error),
+        high=math.exp(centre + 2 * error),
+        spread=spread,
+        equal_meets=3 * above**2 * (1 - above) + above**3,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +129,17 @@ def main(argv: list[str] | None = None) -> int:
                 for file, own in zip(args.files, per_file, strict=True):
                     if level in own:
                         print(f"    {file.name}: {' '.join(f'{r:.2f}' for r in own[level])}")
+        for in_step in (True, False):
+            levels = [ratios for (_, _, stagger), ratios in pooled.items() if (stagger == 0) == in_step]
+            together = pooled_over_levels(levels, args.below)
+            if together is not None:
+                print(
+                    f"  {'waves' if in_step else 'out of step'}, {len(levels)} level(s) together: {together.rounds}"
+                    f" rounds, geometric mean {together.geometric_mean:.3f} ({together.low:.3f}-{together.high:.3f},"
+                    f" +-2 standard errors); a round's spread within its level {together.spread:.3f} (sd of the log"
+                    f" ratio): a path as fast as {first} gets a median of 3 rounds >= {args.below} in"
+                    f" {100 * together.equal_meets:.0f} % of levels"
+                )
     return 1 if missing else 0  # a pair no round measured: most likely a misspelt path
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import lzma
+import math
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from tools.bench import LevelResult
-from tools.pool_rounds import main, pooled_ratios
+from tools.pool_rounds import main, pooled_over_levels, pooled_ratios
 
 
 def _run(
@@ -105,3 +107,42 @@ def test_several_pairs_each_get_their_levels_and_each_lists_every_files_rounds(t
     captured = capsys.readouterr()
     assert "plain-grpc / bare per round" in captured.out
     assert "no round measured both bare and stream-grpc" in captured.err
+
+
+def test_every_level_together_gives_a_geometric_mean_its_error_and_the_spread_within_a_level():
+    levels = [[0.9, 1.1], [0.5, 0.5, 0.5]]  # a level far from the other adds nothing to the spread within a level
+    together = pooled_over_levels(levels, threshold=1.0)
+    assert together is not None and together.rounds == 5
+    logs = [math.log(r) for r in (0.9, 1.1, 0.5, 0.5, 0.5)]
+    assert together.geometric_mean == pytest.approx(math.exp(sum(logs) / 5))
+    within = math.log(0.9) - (math.log(0.9) + math.log(1.1)) / 2
+    assert together.spread == pytest.approx(math.sqrt(2 * within**2 / 3))  # 5 rounds less 2 level means
+    error = statistics.stdev(logs) / math.sqrt(5)
+    assert (together.low, together.high) == pytest.approx(
+        (together.geometric_mean * math.exp(-2 * error), together.geometric_mean * math.exp(2 * error))
+    )
+    # at a threshold of 1.0 a path exactly as fast is above it in half the rounds, and so is its median of three
+    assert together.equal_meets == pytest.approx(0.5)
+    # the lower the threshold, the likelier; a spread of nothing always meets it
+    assert pooled_over_levels(levels, threshold=0.9).equal_meets > 0.5
+    assert pooled_over_levels([[1.0, 1.0], [0.9, 0.9]], threshold=0.95).equal_meets == 1.0
+    # one round per level says nothing of the spread within one
+    assert pooled_over_levels([[0.9], [1.1], [1.0, 1.2]], threshold=0.95) is None
+
+
+def test_it_pools_the_waves_levels_together_apart_from_those_out_of_step(tmp_path: Path, capsys):
+    staggered = _doc(
+        _run("bare", 100, "0.0", stagger=0.3), _run("plain-grpc", 150, "0.0", stagger=0.3),
+        _run("bare", 100, "0.1", stagger=0.3), _run("plain-grpc", 130, "0.1", stagger=0.3),
+        _run("bare", 100, "0.2", stagger=0.3), _run("plain-grpc", 110, "0.2", stagger=0.3),
+    )  # fmt: skip
+    files = [tmp_path / "waves.json", tmp_path / "second.json", tmp_path / "staggered.json"]
+    for file, doc in zip(files, (FIRST, SECOND, staggered), strict=True):
+        file.write_text(json.dumps(doc))
+    assert main([str(f) for f in files] + ["--min-streams", "64"]) == 0
+    out = capsys.readouterr().out
+    waves = pooled_over_levels([[0.9, 1.2, 0.9], [1.05]], threshold=0.95)
+    assert f"  waves, 2 level(s) together: 4 rounds, geometric mean {waves.geometric_mean:.3f} (" in out
+    meets = f"a path as fast as bare gets a median of 3 rounds >= 0.95 in {100 * waves.equal_meets:.0f} % of levels"
+    assert meets in out
+    assert "  out of step, 1 level(s) together: 3 rounds, geometric mean " in out
