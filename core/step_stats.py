@@ -46,6 +46,12 @@ class StepSnapshot:
     decode_busy_seconds: float = 0.0
     decode_wait_ms: float = 0.0
     prefill_wait_ms: float = 0.0
+    # Prompt tokens the model computed (the iteration details' context tokens: 0 without them) and the prefix cache's
+    # lookups: of the prompt tokens queried, how many it already held. Two engines given the same prompts should
+    # compute about as many; one that computed more did more work per step.
+    computed_prompt_tokens: int = 0
+    cache_queries: int = 0
+    cache_hits: int = 0
     timed: bool = True  # False: one of several front ends' share of the steps, without their time (see above)
 
     @property
@@ -80,7 +86,8 @@ class StepSnapshot:
             f" tokens {self.generation_tokens} generated {self.prompt_tokens} prompt;"
             f" detailed {self.detailed_steps} prefill {self.prefill_steps},"
             f" decode busy {self.decode_busy_seconds:.3f} s, wait ms decode {self.decode_wait_ms:.2f}"
-            f" prefill {self.prefill_wait_ms:.2f}"
+            f" prefill {self.prefill_wait_ms:.2f}; prompt computed {self.computed_prompt_tokens}"
+            f" cache hits {self.cache_hits} of {self.cache_queries}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,8 +108,12 @@ _LINE = re.compile(
     r"(?:; detailed (?P<detailed_steps>\d+) prefill (?P<prefill_steps>\d+),"
     r" decode busy (?P<decode_busy_seconds>[\d.]+) s, wait ms decode (?P<decode_wait_ms>[\d.]+)"
     r" prefill (?P<prefill_wait_ms>[\d.]+))?"
+    r"(?:; prompt computed (?P<computed_prompt_tokens>\d+) cache hits (?P<cache_hits>\d+) of (?P<cache_queries>\d+))?"
 )
-_INTS = {"steps", "running_max", "generation_tokens", "prompt_tokens", "detailed_steps", "prefill_steps"}
+_INTS = {
+    "steps", "running_max", "generation_tokens", "prompt_tokens", "detailed_steps", "prefill_steps",
+    "computed_prompt_tokens", "cache_queries", "cache_hits",
+}  # fmt: skip
 
 
 def parse_line(line: str) -> StepSnapshot | None:
@@ -138,6 +149,9 @@ def combine(snapshots: list[StepSnapshot]) -> StepSnapshot | None:
         decode_busy_seconds=sum(snap.decode_busy_seconds for snap in busy),
         decode_wait_ms=weighted_mean((snap.decode_wait_ms, snap.decode_steps) for snap in busy),
         prefill_wait_ms=weighted_mean((snap.prefill_wait_ms, snap.prefill_steps) for snap in busy),
+        computed_prompt_tokens=sum(snap.computed_prompt_tokens for snap in busy),
+        cache_queries=sum(snap.cache_queries for snap in busy),
+        cache_hits=sum(snap.cache_hits for snap in busy),
         timed=all(snap.timed for snap in snapshots),
     )
 
@@ -158,6 +172,9 @@ class _Totals:
     decode_busy: float = 0.0
     decode_wait: float = 0.0
     prefill_wait: float = 0.0
+    computed_prompt: int = 0
+    cache_queries: int = 0
+    cache_hits: int = 0
 
 
 class EngineSteps:
@@ -183,6 +200,7 @@ class EngineSteps:
                 details = getattr(scheduler_stats, "iteration_details", None)
                 if details is not None and not details.is_dummy:
                     totals.detailed += 1
+                    totals.computed_prompt += details.num_ctx_tokens
                     if details.num_ctx_tokens > 0:
                         totals.prefill += 1
                         totals.prefill_wait += details.elapsed_ms
@@ -193,6 +211,10 @@ class EngineSteps:
                 totals.running += scheduler_stats.num_running_reqs
                 totals.running_max = max(totals.running_max, scheduler_stats.num_running_reqs)
                 totals.waiting += scheduler_stats.num_waiting_reqs
+                cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if cache is not None:
+                    totals.cache_queries += cache.queries
+                    totals.cache_hits += cache.hits
             if iteration_stats is not None:
                 totals.generation += iteration_stats.num_generation_tokens
                 totals.prompt += iteration_stats.num_prompt_tokens
@@ -217,5 +239,8 @@ class EngineSteps:
             decode_busy_seconds=totals.decode_busy,
             decode_wait_ms=mean(totals.decode_wait, totals.detailed - totals.prefill),
             prefill_wait_ms=mean(totals.prefill_wait, totals.prefill),
+            computed_prompt_tokens=totals.computed_prompt,
+            cache_queries=totals.cache_queries,
+            cache_hits=totals.cache_hits,
             timed=self.timed,
         )

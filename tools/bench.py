@@ -1313,6 +1313,17 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "engine_step_ms": _median_of(
                     [r.wall * 1000 / r.engine_steps["steps"] for r in reps if (r.engine_steps or {}).get("steps")]
                 ),
+                # prompt tokens the model computed per request, and the prefix cache's share of those queried
+                "engine_prompt_computed": _median_of(
+                    [
+                        x["computed_prompt_tokens"] / r.requests
+                        for r in reps
+                        if (x := r.engine_steps or {}).get("computed_prompt_tokens")
+                    ]
+                ),
+                "engine_cache_hit_share": _median_of(
+                    [x["cache_hits"] / x["cache_queries"] for x in steps if x.get("cache_queries")]
+                ),
                 **engine_lag_columns([r.engine_lags for r in reps if r.engine_lags]),
                 **engine_detail_columns(detailed),
                 "triton_models": triton_model_columns([r.triton_stats for r in reps if r.triton_stats]),
@@ -1445,7 +1456,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}"
             f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}{'intake':>8}{'return':>8}"
-            f"{'queue':>7}{'1st tok':>8}{'ms/tok':>8}{'step ms':>8}"
+            f"{'queue':>7}{'1st tok':>8}{'ms/tok':>8}{'step ms':>8}{'prompt':>7}{'cached':>7}"
         )
         by_key = {(row["path"], row["max_tokens"], row["concurrency"]): row for row in engine_rows}
         for row in engine_rows:
@@ -1463,6 +1474,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{_fmt(row.get('engine_intake_ms'), '.1f'):>8}{_fmt(row.get('engine_return_ms'), '.1f'):>8}"
                 f"{_fmt(row.get('engine_queue_ms'), '.1f'):>7}{_fmt(row.get('engine_prefill_ms'), '.1f'):>8}"
                 f"{_fmt(row.get('engine_token_ms'), '.2f'):>8}{_fmt(row.get('engine_step_ms'), '.2f'):>8}"
+                f"{_fmt(row.get('engine_prompt_computed'), '.0f'):>7}"
+                f"{_fmt(row.get('engine_cache_hit_share'), '.2f'):>7}"
             )
         print(
             "running: requests in the engine's batch per step; ratio: steps/s to the baseline's; prefill: the share of"
@@ -1473,7 +1486,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             " inside the EngineCore, per finished request: queue: ms from queued to first scheduled, 1st tok: from"
             " then until the step that made its first token ended, ms/tok: per token after the first (means, by the"
             " EngineCore's clock); step ms: the repetition's wall time over the engine's steps in it (for a core with"
-            " several front ends too: the same work in more ms is slower steps)"
+            " several front ends too: the same work in more ms is slower steps); prompt: prompt tokens the model"
+            " computed per request; cached: the share of the prompt tokens looked up that the prefix cache held"
         )
     triton_rows = [row for row in rows if row.get("triton_models")]
     if triton_rows:

@@ -75,7 +75,7 @@ def test_engine_steps_are_summarized_per_level_and_held_against_the_baselines(ca
     engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
     lines = {line.split()[0]: line.split() for line in engine_table.splitlines()[2:5] if line.strip()}
     # without vLLM's iteration details, the detail columns stay empty
-    assert lines["plain-grpc"][3:] == ["57.0", "190.0", f"{190 / 220:.2f}"] + ["-"] * 11
+    assert lines["plain-grpc"][3:] == ["57.0", "190.0", f"{190 / 220:.2f}"] + ["-"] * 13
     assert lines["bare"][5] == "1.00" and "stream-grpc" not in lines
 
 
@@ -104,7 +104,7 @@ def test_iteration_details_split_decode_steps_from_prefill_steps_in_the_engine_t
     line = next(line.split() for line in engine_table.splitlines() if line.startswith("plain-grpc"))
     # prefill share, decode steps/s and its ratio to bare's, the wait, the rest of a decode step (1000/200 - 0.5),
     # the mean trips to and from the EngineCore (median of the repetitions), and the time inside it
-    assert line[6:-1] == ["0.20", "200.0", f"{200 / 230:.2f}", "0.50", "4.50", "12.5", "20.2", "1.5", "30.0", "7.25"]
+    assert line[6:-3] == ["0.20", "200.0", f"{200 / 230:.2f}", "0.50", "4.50", "12.5", "20.2", "1.5", "30.0", "7.25"]
 
 
 def test_a_core_with_several_front_ends_shows_its_trips_without_step_counters(capsys):
@@ -115,7 +115,7 @@ def test_a_core_with_several_front_ends_shows_its_trips_without_step_counters(ca
     print_table(summarize([bare, ours]))
     engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
     line = next(line.split() for line in engine_table.splitlines() if line.startswith("plain-grpc"))
-    assert line[3:] == ["-"] * 8 + ["30.0", "10.0"] + ["-"] * 4
+    assert line[3:] == ["-"] * 8 + ["30.0", "10.0"] + ["-"] * 6
 
 
 def test_a_core_with_several_front_ends_shows_its_batch_and_prompt_steps_without_rates(capsys):
@@ -1041,9 +1041,10 @@ def test_closing_a_run_closes_every_group_and_then_raises_the_first_failure():
     assert closed == ["triton", "vllm-serve", "bare"]
 
 
-def test_the_time_per_step_is_the_wall_over_the_steps_for_a_core_with_several_front_ends_too(capsys):
+def test_the_time_per_step_and_the_prompt_tokens_computed_compare_a_core_with_several_front_ends_too(capsys):
     """Untimed steps (a core with several front ends) have no rate, but a repetition's wall over its steps compares
-    the same work on both engines: the same steps in more time are slower steps."""
+    the same work on both engines: the same steps in more time are slower steps. So do the prompt tokens the model
+    computed per request and the prefix cache's hits: the same prompts should cost both engines alike."""
     bare = [_run("bare", 200, rep=i) for i in range(3)]
     ours = [_run("plain-grpc", 180, rep=i) for i in range(3)]
     walls, counts = [7.3, 7.6, 7.9, 8.5, 8.6, 8.0], [586, 581, 590, 588, 586, 500]
@@ -1051,10 +1052,14 @@ def test_the_time_per_step_is_the_wall_over_the_steps_for_a_core_with_several_fr
         run.wall = wall
         run.engine_steps = {"running_mean": 224, "steps": count, "steps_per_second": None}
     ours[2].engine_steps = {"running_mean": 224, "steps": 0, "steps_per_second": None}  # no step counted: left out
+    for run, computed, hits in zip(ours[:2], (160, 240), (600, 500), strict=True):  # 8 requests a repetition
+        run.engine_steps.update(computed_prompt_tokens=computed, cache_queries=1000, cache_hits=hits)
     rows = {row["path"]: row for row in summarize(bare + ours)}
     assert rows["bare"]["engine_step_ms"] == pytest.approx(7600 / 581)
     assert rows["plain-grpc"]["engine_step_ms"] == pytest.approx((8500 / 588 + 8600 / 586) / 2)
     print_table(list(rows.values()))
     engine_table = capsys.readouterr().out.split("the engine's steps over each level", 1)[1]
     line = next(line.split() for line in engine_table.splitlines() if line.startswith("plain-grpc"))
-    assert line[-1] == f"{(8500 / 588 + 8600 / 586) / 2:.2f}" and line[4] == "-"
+    assert line[-3] == f"{(8500 / 588 + 8600 / 586) / 2:.2f}" and line[4] == "-"
+    assert rows["plain-grpc"]["engine_prompt_computed"] == pytest.approx(25) and line[-2:] == ["25", "0.55"]
+    assert rows["bare"]["engine_prompt_computed"] is None  # counted without iteration details: unknown, not 0

@@ -148,3 +148,30 @@ def test_front_ends_of_one_engine_count_their_share_of_steps_untimed_and_the_sha
     # a timed interval combined with an untimed one has no rate either
     timed = StepSnapshot(0.5, 0.5, 100, 200.0, 256, 0.0, 20000, 0)
     assert combine([timed, snaps[0]]).steps_per_second is None
+
+
+def test_prompt_tokens_computed_and_the_prefix_caches_hits_are_counted_logged_and_combined():
+    """Two engines given the same prompts should compute about as many prompt tokens: the iteration details' context
+    tokens say how many the model computed, the prefix cache's lookups how many it already held."""
+
+    def scheduler(running: int, computed: int, queried: int, hits: int) -> SimpleNamespace:
+        cache = SimpleNamespace(queries=queried, hits=hits)
+        return SimpleNamespace(
+            num_running_reqs=running, num_waiting_reqs=0, iteration_details=_details(computed, 1.0),
+            prefix_cache_stats=cache,
+        )  # fmt: skip
+
+    steps = EngineSteps(timed=False)
+    steps.record(scheduler(2, computed=48, queried=800, hits=752), _iteration(0, prompt=800))  # two cached prompts
+    steps.record(scheduler(3, computed=400, queried=400, hits=0), _iteration(2, prompt=400))  # one not cached
+    steps.record(scheduler(3, computed=0, queried=0, hits=0), _iteration(3))
+    steps.record(_scheduler(3), _iteration(3))  # statistics without a prefix cache's (older vLLM): nothing added
+    snap = steps.snapshot()
+    assert (snap.computed_prompt_tokens, snap.cache_queries, snap.cache_hits) == (448, 1200, 752)
+    line = snap.describe()
+    read = parse_line(f"vllm_core {line}")
+    assert "prompt computed 448 cache hits 752 of 1200" in line and read is not None and read.describe() == line
+    assert (read.computed_prompt_tokens, read.cache_queries, read.cache_hits) == (448, 1200, 752)
+    other = StepSnapshot(0.5, 0.0, 4, 3.0, 3, 0.0, 8, 400, 4, 1, 0.0, 1.0, 1.0, 400, 400, 0, timed=False)
+    both = combine([snap, other])
+    assert both is not None and (both.computed_prompt_tokens, both.cache_queries, both.cache_hits) == (848, 1600, 752)
