@@ -1282,7 +1282,8 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
         cpu = [r.cpu_seconds / r.output_tokens * 1000 for r in reps if r.cpu_seconds is not None]
         client = [r.client_cpu_seconds / r.wall for r in reps if r.client_cpu_seconds is not None]
         base = tps.get((baseline_of(path), max_tokens, concurrency))
-        steps = [r.engine_steps for r in reps if r.engine_steps]
+        profiled = [(r, r.engine_steps) for r in reps if r.engine_steps]  # --profile's engine figures
+        steps = [x for _, x in profiled]
         detailed = [x for x in steps if x.get("detailed_steps")]  # with vLLM's iteration details
         series = paired_series(by_round.get((max_tokens, concurrency), {}), path)
         against_baseline = series.get(baseline_of(path))
@@ -1310,16 +1311,10 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "engine_running_mean": statistics.median(x["running_mean"] for x in steps) if steps else None,
                 "engine_steps_per_s": _median_of([x["steps_per_second"] for x in steps]),
                 # the round's wall time over the engine's steps in it: known for a core with several front ends too
-                "engine_step_ms": _median_of(
-                    [r.wall * 1000 / r.engine_steps["steps"] for r in reps if (r.engine_steps or {}).get("steps")]
-                ),
+                "engine_step_ms": _median_of([r.wall * 1000 / x["steps"] for r, x in profiled if x.get("steps")]),
                 # prompt tokens the model computed per request, and the prefix cache's share of those queried
                 "engine_prompt_computed": _median_of(
-                    [
-                        x["computed_prompt_tokens"] / r.requests
-                        for r in reps
-                        if (x := r.engine_steps or {}).get("computed_prompt_tokens")
-                    ]
+                    [x["computed_prompt_tokens"] / r.requests for r, x in profiled if x.get("computed_prompt_tokens")]
                 ),
                 "engine_cache_hit_share": _median_of(
                     [x["cache_hits"] / x["cache_queries"] for x in steps if x.get("cache_queries")]
