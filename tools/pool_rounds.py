@@ -10,8 +10,10 @@ one interleaved command (the two paths measured seconds apart); each round where
 trails in most rounds or only in some. Then every level together (waves apart from out of step): the geometric mean
 of the rounds' ratios with +-2 standard errors, a round's spread within its level (the standard deviation of the log
 ratio about its level's mean), and at that spread how often a path exactly as fast as the other would get a median
-of three rounds at or above --below (the benchmark's verdict on one cell). Streams started out of step
-(--stagger-seconds) are another workload than waves: their rounds pool apart from the waves' of the same level.
+of three rounds at or above --below (the benchmark's verdict on one cell); then the same for each number of streams,
+so that a gap at one load is not averaged away by the others. Each level's line also gives its own geometric mean
++-2 standard errors at that pooled spread (a level's few rounds say little of their own spread). Streams started out
+of step (--stagger-seconds) are another workload than waves: their rounds pool apart from the waves' of the same level.
 --pair again for more pairs (a variant's model beside the deployment's: --pair plain-grpc,extra:c15_vllm_model);
 --each also lists every round's ratio, file by file. --below 0.9 for the streamed pair's target.
 """
@@ -85,6 +87,14 @@ def pooled_over_levels(levels: list[list[float]], threshold: float) -> Pooled | 
     )
 
 
+def level_mean(ratios: list[float], spread: float) -> tuple[float, float, float]:
+    """One level's geometric mean with +-2 standard errors, at the spread pooled over its group's levels (a level
+    alone has too few rounds for its own)."""
+    centre = statistics.fmean(math.log(r) for r in ratios)
+    error = spread / math.sqrt(len(ratios))
+    return math.exp(centre), math.exp(centre - 2 * error), math.exp(centre + 2 * error)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
@@ -117,29 +127,45 @@ def main(argv: list[str] | None = None) -> int:
             missing += 1
             continue
         print(f"{second} / {first} per round, pooled over {len(args.files)} file(s)")
+        groups = {in_step: {lv: r for lv, r in pooled.items() if (lv[2] == 0) == in_step} for in_step in (True, False)}
+        together = {in_step: pooled_over_levels(list(group.values()), args.below) for in_step, group in groups.items()}
         for level, ratios in sorted(pooled.items()):
             max_tokens, concurrency, stagger = level
             out_of_step = f" out of step by {stagger:g} s" if stagger else ""
+            own = together[stagger == 0]
+            interval = (
+                "" if own is None else ", geometric mean {:.3f} ({:.3f}-{:.3f})".format(*level_mean(ratios, own.spread))
+            )
             print(
                 f"  {max_tokens} tokens x {concurrency} streams{out_of_step}: {len(ratios)} rounds, median"
                 f" {statistics.median(ratios):.3f}, {min(ratios):.2f}-{max(ratios):.2f},"
-                f" {sum(r < args.below for r in ratios)} below {args.below}"
+                f" {sum(r < args.below for r in ratios)} below {args.below}{interval}"
             )
             if args.each:
-                for file, own in zip(args.files, per_file, strict=True):
-                    if level in own:
-                        print(f"    {file.name}: {' '.join(f'{r:.2f}' for r in own[level])}")
-        for in_step in (True, False):
-            levels = [ratios for (_, _, stagger), ratios in pooled.items() if (stagger == 0) == in_step]
-            together = pooled_over_levels(levels, args.below)
-            if together is not None:
-                print(
-                    f"  {'waves' if in_step else 'out of step'}, {len(levels)} level(s) together: {together.rounds}"
-                    f" rounds, geometric mean {together.geometric_mean:.3f} ({together.low:.3f}-{together.high:.3f},"
-                    f" +-2 standard errors); a round's spread within its level {together.spread:.3f} (sd of the log"
-                    f" ratio): a path as fast as {first} gets a median of 3 rounds >= {args.below} in"
-                    f" {100 * together.equal_meets:.0f} % of levels"
-                )
+                for file, own_rounds in zip(args.files, per_file, strict=True):
+                    if level in own_rounds:
+                        print(f"    {file.name}: {' '.join(f'{r:.2f}' for r in own_rounds[level])}")
+        for in_step, group in groups.items():
+            name = "waves" if in_step else "out of step"
+            pooled_group = together[in_step]
+            if pooled_group is None:
+                continue
+            print(
+                f"  {name}, {len(group)} level(s) together: {pooled_group.rounds} rounds, geometric mean"
+                f" {pooled_group.geometric_mean:.3f} ({pooled_group.low:.3f}-{pooled_group.high:.3f}, +-2 standard"
+                f" errors); a round's spread within its level {pooled_group.spread:.3f} (sd of the log ratio): a path"
+                f" as fast as {first} gets a median of 3 rounds >= {args.below} in"
+                f" {100 * pooled_group.equal_meets:.0f} % of levels"
+            )
+            # The same per number of streams: a gap at one load that the other hides in the mean of all
+            streams = sorted({concurrency for _, concurrency, _ in group})
+            for concurrency in streams if len(streams) > 1 else []:
+                at = pooled_over_levels([r for (_, c, _), r in group.items() if c == concurrency], args.below)
+                if at is not None:
+                    print(
+                        f"    {name} at {concurrency} streams: {at.rounds} rounds, geometric mean"
+                        f" {at.geometric_mean:.3f} ({at.low:.3f}-{at.high:.3f})"
+                    )
     return 1 if missing else 0  # a pair no round measured: most likely a misspelt path
 
 

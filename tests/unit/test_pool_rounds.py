@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench import LevelResult
-from tools.pool_rounds import main, pooled_over_levels, pooled_ratios
+from tools.pool_rounds import level_mean, main, pooled_over_levels, pooled_ratios
 
 
 def _run(
@@ -146,3 +146,38 @@ def test_it_pools_the_waves_levels_together_apart_from_those_out_of_step(tmp_pat
     meets = f"a path as fast as bare gets a median of 3 rounds >= 0.95 in {100 * waves.equal_meets:.0f} % of levels"
     assert meets in out
     assert "  out of step, 1 level(s) together: 3 rounds, geometric mean " in out
+
+
+def test_each_level_gets_its_geometric_mean_at_the_pooled_spread_and_each_number_of_streams_its_own(
+    tmp_path: Path, capsys
+):
+    # 64 streams a little below 1, 256 streams well below: the mean of every level together hides which load trails
+    rounds = {(64, "0"): 100, (64, "1"): 90, (64, "2"): 95, (256, "0"): 80, (256, "1"): 85, (256, "2"): 75}
+    runs = []
+    for (streams, round_id), plain in rounds.items():
+        runs += [
+            _run("bare", 100, round_id, concurrency=streams),
+            _run("plain-grpc", plain, round_id, concurrency=streams),
+        ]
+    doc = _doc(*runs)
+    file = tmp_path / "run.json"
+    file.write_text(json.dumps(doc))
+    assert main([str(file), "--min-streams", "64"]) == 0
+    out = capsys.readouterr().out
+    spread = pooled_over_levels([[1.0, 0.9, 0.95], [0.8, 0.85, 0.75]], threshold=0.95).spread
+    low = level_mean([0.8, 0.85, 0.75], spread)
+    assert low[0] == pytest.approx((0.8 * 0.85 * 0.75) ** (1 / 3))
+    assert low[1:] == pytest.approx(
+        (low[0] * math.exp(-2 * spread / math.sqrt(3)), low[0] * math.exp(2 * spread / math.sqrt(3)))
+    )
+    assert (
+        f"64 tokens x 256 streams: 3 rounds, median 0.800, 0.75-0.85, 3 below 0.95, geometric mean {low[0]:.3f}" in out
+    )
+    assert f"({low[1]:.3f}-{low[2]:.3f})\n" in out
+    at_256 = pooled_over_levels([[0.8, 0.85, 0.75]], threshold=0.95)
+    assert f"    waves at 256 streams: 3 rounds, geometric mean {at_256.geometric_mean:.3f}" in out
+    assert "    waves at 64 streams: 3 rounds" in out
+    # one number of streams in the group: no line per number of streams, only the group's
+    file.write_text(json.dumps(_doc(*(r for r in doc["runs"] if r["concurrency"] == 256))))
+    assert main([str(file), "--min-streams", "64"]) == 0
+    assert "streams: 3 rounds, geometric mean" not in capsys.readouterr().out
