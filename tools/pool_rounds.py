@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens, concurrency, stagger = level
             out_of_step = f" out of step by {stagger:g} s" if stagger else ""
             own = together[stagger == 0]
-            interval = (
-                "" if own is None else ", geometric mean {:.3f} ({:.3f}-{:.3f})".format(*level_mean(ratios, own.spread))
-            )
+            interval = ""
+            if own is not None:
+                mean, low, high = level_mean(ratios, own.spread)
+                interval = f", geometric mean {mean:.3f} ({low:.3f}-{high:.3f})"
             print(
                 f"  {max_tokens} tokens x {concurrency} streams{out_of_step}: {len(ratios)} rounds, median"
                 f" {statistics.median(ratios):.3f}, {min(ratios):.2f}-{max(ratios):.2f},"
