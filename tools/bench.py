@@ -295,6 +295,19 @@ class LevelResult:
     def tokens_per_second(self) -> float:
         return self.output_tokens / self.wall
 
+    def engine_share(self) -> float:
+        """The share of --profile's engine figures that is this level's: the level's tokens over those the engine
+        generated in the intervals counted. A core logs an interval per front end every CORE_STATS_SECONDS, so the
+        first ones also hold some of its work just before the level (its previous level or round, its token check:
+        1-3 % of the steps at 256 streams, 10 % at 64 on the H200); the bare engine counts the level alone (1)."""
+        generated = (self.engine_steps or {}).get("generation_tokens")
+        return min(1.0, self.output_tokens / generated) if generated else 1.0
+
+    def level_steps(self) -> float | None:
+        """The engine's steps in this level (--profile), its counted steps scaled by engine_share; None uncounted."""
+        steps = (self.engine_steps or {}).get("steps")
+        return steps * self.engine_share() if steps else None
+
 
 # Workload ------------------------------------------------------------------------------------------------
 
@@ -1311,10 +1324,14 @@ def summarize(results: list[LevelResult]) -> list[dict[str, Any]]:
                 "engine_running_mean": statistics.median(x["running_mean"] for x in steps) if steps else None,
                 "engine_steps_per_s": _median_of([x["steps_per_second"] for x in steps]),
                 # the round's wall time over the engine's steps in it: known for a core with several front ends too
-                "engine_step_ms": _median_of([r.wall * 1000 / x["steps"] for r, x in profiled if x.get("steps")]),
+                "engine_step_ms": _median_of([r.wall * 1000 / n for r, _ in profiled if (n := r.level_steps())]),
                 # prompt tokens the model computed per request, and the prefix cache's share of those queried
                 "engine_prompt_computed": _median_of(
-                    [x["computed_prompt_tokens"] / r.requests for r, x in profiled if x.get("computed_prompt_tokens")]
+                    [
+                        x["computed_prompt_tokens"] * r.engine_share() / r.requests
+                        for r, x in profiled
+                        if x.get("computed_prompt_tokens")
+                    ]
                 ),
                 "engine_cache_hit_share": _median_of(
                     [x["cache_hits"] / x["cache_queries"] for x in steps if x.get("cache_queries")]
@@ -1481,8 +1498,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             " inside the EngineCore, per finished request: queue: ms from queued to first scheduled, 1st tok: from"
             " then until the step that made its first token ended, ms/tok: per token after the first (means, by the"
             " EngineCore's clock); step ms: the repetition's wall time over the engine's steps in it (for a core with"
-            " several front ends too: the same work in more ms is slower steps); prompt: prompt tokens the model"
-            " computed per request; cached: the share of the prompt tokens looked up that the prefix cache held"
+            " several front ends too: the same work in more ms is slower steps; a core's counts scaled to the level's"
+            " own tokens, LevelResult.engine_share); prompt: prompt tokens the model computed per request; cached: the"
+            " share of the prompt tokens looked up that the prefix cache held"
         )
     triton_rows = [row for row in rows if row.get("triton_models")]
     if triton_rows:

@@ -1063,3 +1063,28 @@ def test_the_time_per_step_and_the_prompt_tokens_computed_compare_a_core_with_se
     assert line[-3] == f"{(8500 / 588 + 8600 / 586) / 2:.2f}" and line[4] == "-"
     assert rows["plain-grpc"]["engine_prompt_computed"] == pytest.approx(25) and line[-2:] == ["25", "0.55"]
     assert rows["bare"]["engine_prompt_computed"] is None  # counted without iteration details: unknown, not 0
+
+
+def test_a_cores_steps_are_scaled_to_the_levels_own_tokens_when_its_intervals_reach_before_the_level():
+    """A core logs an interval per front end every CORE_STATS_SECONDS, so the first ones also count some of its work
+    before the level: the steps (and prompt tokens) counted are scaled by the level's tokens over those generated."""
+    ours = _run("plain-grpc", 180)
+    ours.wall, ours.output_tokens = 6.0, 131072
+    ours.engine_steps = {"running_mean": 220, "steps": 612, "steps_per_second": None}  # untimed: a core's
+    ours.engine_steps.update(generation_tokens=133856, computed_prompt_tokens=27300)
+    share = 131072 / 133856
+    assert ours.engine_share() == pytest.approx(share)
+    assert ours.level_steps() == pytest.approx(612 * share)
+    row = summarize([ours])[0]
+    assert row["engine_step_ms"] == pytest.approx(6000 / (612 * share))
+    assert row["engine_prompt_computed"] == pytest.approx(27300 * share / 8)
+    # the bare engine counts the level alone; a count above the level's tokens is never scaled up
+    bare = _run("bare", 200)
+    bare.engine_steps = {"steps": 540, "generation_tokens": bare.output_tokens}
+    assert bare.engine_share() == 1.0 and bare.level_steps() == 540
+    bare.engine_steps = {"steps": 540, "generation_tokens": bare.output_tokens // 2}
+    assert bare.engine_share() == 1.0
+    # no steps counted, or no generated tokens logged (older results): as counted
+    assert _run("bare", 200).level_steps() is None
+    bare.engine_steps = {"steps": 540}
+    assert bare.level_steps() == 540
