@@ -14,6 +14,9 @@ of three rounds at or above --below (the benchmark's verdict on one cell); then 
 so that a gap at one load is not averaged away by the others. Each level's line also gives its own geometric mean
 +-2 standard errors at that pooled spread (a level's few rounds say little of their own spread). Streams started out
 of step (--stagger-seconds) are another workload than waves: their rounds pool apart from the waves' of the same level.
+Where both paths of a round were profiled (--profile), the engine's mean batch and step time of the one over the
+other's, pooled the same way: a round's tok/s ratio is about the batch ratio over the step-time ratio, and the batch
+hardly moves with the machine's slow spells, which lengthen the steps.
 --pair again for more pairs (a variant's model beside the deployment's: --pair plain-grpc,extra:c15_vllm_model);
 --each also lists every round's ratio, file by file. --below 0.9 for the streamed pair's target.
 """
@@ -49,6 +52,33 @@ def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -
         for (max_tokens, concurrency, _), paths in sorted(rounds_of(doc).items()):
             if concurrency >= min_streams and first in paths and second in paths:
                 pooled[(max_tokens, concurrency, stagger)].append(paths[second][1] / paths[first][1])
+    return pooled
+
+
+ENGINE_FIGURES = ("mean batch", "step time")
+
+
+def engine_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[str, dict[Level, list[float]]]:
+    """--profile's engine figures of the rounds where both paths were profiled: each round's mean batch (requests in
+    a step) and step time (the round's wall over its steps, LevelResult.level_steps) of `second` over `first`, per
+    level. A round's tok/s ratio
+    is about the one over the other: these tell an emptier batch from slower steps, and the batch hardly moves with
+    the machine's slow spells, which lengthen the steps."""
+    pooled: dict[str, dict[Level, list[float]]] = {figure: defaultdict(list) for figure in ENGINE_FIGURES}
+    for doc in docs:
+        stagger = stagger_of(doc)
+        figures: dict[tuple[int, int, str], dict[str, tuple[float, float]]] = defaultdict(dict)
+        for run in runs_of(doc):
+            steps = run.level_steps()
+            if run.round_id and not run.background_load and steps and run.concurrency >= min_streams:
+                batch = run.engine_steps["running_mean"]  # type: ignore[index] - counted steps mean it is there
+                figures[(run.max_tokens, run.concurrency, run.round_id)][run.path] = (batch, run.wall / steps)
+        for (max_tokens, concurrency, _), paths in sorted(figures.items()):
+            if first in paths and second in paths:
+                for index, figure in enumerate(ENGINE_FIGURES):
+                    pooled[figure][(max_tokens, concurrency, stagger)].append(
+                        paths[second][index] / paths[first][index]
+                    )
     return pooled
 
 
@@ -167,7 +197,33 @@ def main(argv: list[str] | None = None) -> int:
                         f"    {name} at {concurrency} streams: {at.rounds} rounds, geometric mean"
                         f" {at.geometric_mean:.3f} ({at.low:.3f}-{at.high:.3f})"
                     )
+        print_engine_figures(engine_ratios(docs, first, second, args.min_streams))
     return 1 if missing else 0  # a pair no round measured: most likely a misspelt path
+
+
+def print_engine_figures(figures: dict[str, dict[Level, list[float]]]) -> None:
+    """Per group (waves, out of step), and per number of streams where it holds several: the profiled rounds' engine
+    figures, each pooled as the tok/s ratios are."""
+    for in_step in (True, False):
+        group = {
+            figure: {lv: r for lv, r in by_level.items() if (lv[2] == 0) == in_step}
+            for figure, by_level in figures.items()
+        }
+        name = "waves" if in_step else "out of step"
+        streams = sorted({concurrency for _, concurrency, _ in group[ENGINE_FIGURES[0]]})
+        selections = [(name, streams)] + (
+            [(f"{name} at {c} streams", [c]) for c in streams] if len(streams) > 1 else []
+        )
+        for label, chosen in selections:
+            parts, rounds = [], 0
+            for figure in ENGINE_FIGURES:
+                levels = [ratios for (_, c, _), ratios in group[figure].items() if c in chosen]
+                pooled = pooled_over_levels(levels, threshold=1.0)
+                if pooled is not None:
+                    rounds = pooled.rounds
+                    parts.append(f"{figure} {pooled.geometric_mean:.3f} ({pooled.low:.3f}-{pooled.high:.3f})")
+            if parts:
+                print(f"  the engine, {label}, {rounds} profiled rounds: " + ", ".join(parts))
 
 
 if __name__ == "__main__":

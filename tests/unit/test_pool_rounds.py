@@ -181,3 +181,31 @@ def test_each_level_gets_its_geometric_mean_at_the_pooled_spread_and_each_number
     file.write_text(json.dumps(_doc(*(r for r in doc["runs"] if r["concurrency"] == 256))))
     assert main([str(file), "--min-streams", "64"]) == 0
     assert "streams: 3 rounds, geometric mean" not in capsys.readouterr().out
+
+
+def test_profiled_rounds_give_the_engines_mean_batch_and_step_time_apart_from_tok_s(tmp_path: Path, capsys):
+    # tok/s per round ~ the batch ratio over the step-time ratio: these two tell an emptier batch from slower steps
+    runs = []
+    for round_id, (batch, steps, generated) in enumerate([(220, 612, 97), (230, 570, 95), (210, 630, 95)]):
+        bare = _run("bare", 100, str(round_id), concurrency=256)  # 100 tokens in 1 s, all counted by its engine
+        ours = _run("plain-grpc", 95, str(round_id), concurrency=256)
+        bare["engine_steps"] = {"running_mean": 242, "steps": 540, "generation_tokens": 100}
+        # the first round's core counted 2 tokens of work before the level: its steps are scaled by 95 / 97
+        ours["engine_steps"] = {"running_mean": batch, "steps": steps, "generation_tokens": generated}
+        runs += [bare, ours]
+    unprofiled = [_run("bare", 100, "9", concurrency=256), _run("plain-grpc", 90, "9", concurrency=256)]
+    file = tmp_path / "run.json"
+    file.write_text(json.dumps(_doc(*runs, *unprofiled)))
+    assert main([str(file), "--min-streams", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "64 tokens x 256 streams: 4 rounds" in out  # tok/s: every round; the engine's figures: profiled ones
+    batch = pooled_over_levels([[220 / 242, 230 / 242, 210 / 242]], threshold=1.0)
+    step = pooled_over_levels([[540 / (612 * 95 / 97), 540 / 570, 540 / 630]], threshold=1.0)
+    assert (
+        f"  the engine, waves, 3 profiled rounds: mean batch {batch.geometric_mean:.3f} ({batch.low:.3f}-"
+        f"{batch.high:.3f}), step time {step.geometric_mean:.3f} ({step.low:.3f}-{step.high:.3f})\n" in out
+    )
+    # no profiled round of the pair: no engine line
+    file.write_text(json.dumps(_doc(*unprofiled)))
+    assert main([str(file)]) == 0
+    assert "the engine" not in capsys.readouterr().out
