@@ -298,8 +298,8 @@ class LevelResult:
     def engine_share(self) -> float:
         """The share of --profile's engine figures that is this level's: the level's tokens over those the engine
         generated in the intervals counted. A core logs an interval per front end every CORE_STATS_SECONDS, so the
-        first ones also hold some of its work just before the level (its previous level or round, its token check:
-        1-3 % of the steps at 256 streams, 10 % at 64 on the H200); the bare engine counts the level alone (1)."""
+        first ones also hold some of the level's warm-up round, just before it (1-3 % of the steps at 256 streams,
+        7-10 % at 64 x 64 tokens on the H200); the bare engine counts the level alone (1)."""
         generated = (self.engine_steps or {}).get("generation_tokens")
         return min(1.0, self.output_tokens / generated) if generated else 1.0
 
