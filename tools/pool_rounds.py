@@ -61,9 +61,8 @@ ENGINE_FIGURES = ("mean batch", "step time")
 def engine_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[str, dict[Level, list[float]]]:
     """--profile's engine figures of the rounds where both paths were profiled: each round's mean batch (requests in
     a step) and step time (the round's wall over its steps, LevelResult.level_steps) of `second` over `first`, per
-    level. A round's tok/s ratio
-    is about the one over the other: these tell an emptier batch from slower steps, and the batch hardly moves with
-    the machine's slow spells, which lengthen the steps."""
+    level. A round's tok/s ratio is about the one over the other: these tell an emptier batch from slower steps, and
+    the batch hardly moves with the machine's slow spells, which lengthen the steps."""
     pooled: dict[str, dict[Level, list[float]]] = {figure: defaultdict(list) for figure in ENGINE_FIGURES}
     for doc in docs:
         stagger = stagger_of(doc)
@@ -125,6 +124,20 @@ def level_mean(ratios: list[float], spread: float) -> tuple[float, float, float]
     return math.exp(centre), math.exp(centre - 2 * error), math.exp(centre + 2 * error)
 
 
+def in_step_groups(by_level: dict[Level, list[float]]) -> dict[bool, dict[Level, list[float]]]:
+    """Waves (True) apart from streams out of step (False): another workload, pooled apart."""
+    return {in_step: {lv: r for lv, r in by_level.items() if (lv[2] == 0) == in_step} for in_step in (True, False)}
+
+
+def per_streams(group: dict[Level, list[float]], name: str) -> list[tuple[str, list[list[float]]]]:
+    """A group's levels per number of streams, where it holds several (a gap at one load that the others hide in
+    the mean of all); none where it holds one."""
+    streams = sorted({concurrency for _, concurrency, _ in group})
+    if len(streams) < 2:
+        return []
+    return [(f"{name} at {c} streams", [r for (_, at, _), r in group.items() if at == c]) for c in streams]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
@@ -157,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             missing += 1
             continue
         print(f"{second} / {first} per round, pooled over {len(args.files)} file(s)")
-        groups = {in_step: {lv: r for lv, r in pooled.items() if (lv[2] == 0) == in_step} for in_step in (True, False)}
+        groups = in_step_groups(pooled)
         together = {in_step: pooled_over_levels(list(group.values()), args.below) for in_step, group in groups.items()}
         for level, ratios in sorted(pooled.items()):
             max_tokens, concurrency, stagger = level
@@ -188,14 +201,12 @@ def main(argv: list[str] | None = None) -> int:
                 f" as fast as {first} gets a median of 3 rounds >= {args.below} in"
                 f" {100 * pooled_group.equal_meets:.0f} % of levels"
             )
-            # The same per number of streams: a gap at one load that the other hides in the mean of all
-            streams = sorted({concurrency for _, concurrency, _ in group})
-            for concurrency in streams if len(streams) > 1 else []:
-                at = pooled_over_levels([r for (_, c, _), r in group.items() if c == concurrency], args.below)
+            for label, levels in per_streams(group, name):
+                at = pooled_over_levels(levels, args.below)
                 if at is not None:
                     print(
-                        f"    {name} at {concurrency} streams: {at.rounds} rounds, geometric mean"
-                        f" {at.geometric_mean:.3f} ({at.low:.3f}-{at.high:.3f})"
+                        f"    {label}: {at.rounds} rounds, geometric mean {at.geometric_mean:.3f}"
+                        f" ({at.low:.3f}-{at.high:.3f})"
                     )
         print_engine_figures(engine_ratios(docs, first, second, args.min_streams))
     return 1 if missing else 0  # a pair no round measured: most likely a misspelt path
@@ -204,21 +215,18 @@ def main(argv: list[str] | None = None) -> int:
 def print_engine_figures(figures: dict[str, dict[Level, list[float]]]) -> None:
     """Per group (waves, out of step), and per number of streams where it holds several: the profiled rounds' engine
     figures, each pooled as the tok/s ratios are."""
+    groups = {figure: in_step_groups(by_level) for figure, by_level in figures.items()}
     for in_step in (True, False):
-        group = {
-            figure: {lv: r for lv, r in by_level.items() if (lv[2] == 0) == in_step}
-            for figure, by_level in figures.items()
-        }
         name = "waves" if in_step else "out of step"
-        streams = sorted({concurrency for _, concurrency, _ in group[ENGINE_FIGURES[0]]})
-        selections = [(name, streams)] + (
-            [(f"{name} at {c} streams", [c]) for c in streams] if len(streams) > 1 else []
-        )
-        for label, chosen in selections:
+        # each figure's selections line up: both figures come from the same rounds
+        selections = {
+            figure: [(name, list(groups[figure][in_step].values())), *per_streams(groups[figure][in_step], name)]
+            for figure in ENGINE_FIGURES
+        }
+        for index, (label, _) in enumerate(selections[ENGINE_FIGURES[0]]):
             parts, rounds = [], 0
             for figure in ENGINE_FIGURES:
-                levels = [ratios for (_, c, _), ratios in group[figure].items() if c in chosen]
-                pooled = pooled_over_levels(levels, threshold=1.0)
+                pooled = pooled_over_levels(selections[figure][index][1], threshold=1.0)
                 if pooled is not None:
                     rounds = pooled.rounds
                     parts.append(f"{figure} {pooled.geometric_mean:.3f} ({pooled.low:.3f}-{pooled.high:.3f})")
