@@ -1845,8 +1845,9 @@ async def measure_all(
     sliced = SlicedLevels()
     gpu_clocks = GpuClockSampler()
 
-    def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
-        measured["gpu_samples"] = gpu_clocks.between(*measured.pop("span"))
+    async def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
+        # waits for the window's last samples (GpuClockSampler.between): in a thread, the loop left free meanwhile
+        measured["gpu_samples"] = await asyncio.to_thread(gpu_clocks.between, *measured.pop("span"))
         whole = sliced.complete(path, rep, level, measured)
         if whole is None:  # a slice of a level whose path has slices to come
             return
@@ -1908,7 +1909,7 @@ async def measure_all(
             progress.set_description(f"{path} (rep {rep + 1})")
             if args.background_load_alternate:
                 load.run(rep % 2 == 1)
-            record(path, rep, level, await group.measure(path, rep, level, progress))
+            await record(path, rep, level, await group.measure(path, rep, level, progress))
     finally:
         try:
             await close_all(group.close for group in reversed(opened))

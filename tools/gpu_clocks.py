@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 SAMPLE_MS = 200
+SETTLE_INTERVALS = 3  # how long `between` waits for a window's last samples, in sample intervals
 # nvidia-smi's names: clocks_event_reasons since driver 535, clocks_throttle_reasons before (the same bits)
 QUERIES = (
     "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active",
@@ -139,7 +140,7 @@ class GpuClockSampler:
     def __init__(self, sample_ms: int = SAMPLE_MS) -> None:
         self.sample_ms = sample_ms
         self.samples: list[Sample] = []
-        self._lock = threading.Lock()
+        self._arrived = threading.Condition()  # guards samples; notified with each one read
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
@@ -171,8 +172,9 @@ class GpuClockSampler:
         for line in lines:  # until nvidia-smi ends (stop)
             sample = parse_line(line, time.time())
             if sample is not None:
-                with self._lock:
+                with self._arrived:
                     self.samples.append(sample)
+                    self._arrived.notify_all()
 
     def stop(self) -> None:
         if self._process is None:
@@ -187,8 +189,21 @@ class GpuClockSampler:
         self._process = None
 
     def between(self, start: float, end: float) -> list[Sample]:
-        with self._lock:
+        """The samples stamped in [start, end]. While sampling, first waits (at most SETTLE_INTERVALS sample
+        intervals, at least a second) for one stamped after `end`: a window that ends now would otherwise miss those
+        taken inside it that nvidia-smi's pipe and the reader thread have not yet brought in (a short measurement's
+        only ones, on a busy machine)."""
+        deadline = time.monotonic() + max(1.0, SETTLE_INTERVALS * self.sample_ms / 1000)
+        with self._arrived:
+            while self._reading() and not (self.samples and self.samples[-1].at >= end):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._arrived.wait(left)
             return [sample for sample in self.samples if start <= sample.at <= end]
+
+    def _reading(self) -> bool:
+        return self._reader is not None and self._reader.is_alive()
 
 
 def describe(runs: Iterable[dict[str, Any]]) -> list[str]:

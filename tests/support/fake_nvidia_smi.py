@@ -1,26 +1,37 @@
 """A stand-in for nvidia-smi on PATH (the CPU machine has none): it answers only tools/gpu_clocks.py's query, with
 fixed readings, once or every 20 ms with --loop-ms, and fails every other command, as a driver without a field
-would. The benchmark's GPU clock sampling is then exercised end to end with a real subprocess."""
+would. The benchmark's GPU clock sampling is then exercised end to end with a real subprocess: one Python process,
+so that a loaded machine delays its samples no more than it would nvidia-smi's (a shell loop forks twice a sample).
+"""
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 SM_MHZ = 1980
 READING = f"{SM_MHZ}, 2619, 312.5, 41, 87, 0x0000000000000001"  # clocks, power, temperature, utilization; idle
 
-SCRIPT = f"""#!/bin/sh
-case "$*" in
-  *--query-gpu=timestamp,clocks.sm,*{{REJECT}}*) exit 2 ;;
-  *--query-gpu=timestamp,clocks.sm,*) ;;
-  *) exit 1 ;;
-esac
-case "$*" in
-  *--loop-ms*) while :; do echo "$(date '+%Y/%m/%d %H:%M:%S.%3N'), {READING}"; sleep 0.02; done ;;
-esac
-echo "$(date '+%Y/%m/%d %H:%M:%S.%3N'), {READING}"
+SCRIPT = f"""#!{sys.executable} -S
+import sys, time
+from datetime import datetime
+
+arguments = " ".join(sys.argv[1:])
+if "--query-gpu=timestamp,clocks.sm," not in arguments:
+    sys.exit(1)
+if "{{REJECT}}" in arguments.split("--query-gpu=", 1)[1].split()[0]:
+    sys.exit(2)
+
+def reading():
+    stamp = datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]  # nvidia-smi's: milliseconds, local time
+    print(f"{{stamp}}, {READING}", flush=True)
+
+reading()
+while "--loop-ms" in arguments:
+    time.sleep(0.02)
+    reading()
 """
 
 

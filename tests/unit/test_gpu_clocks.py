@@ -3,14 +3,16 @@ subprocess (a stand-in nvidia-smi: this machine has no GPU), and the report's li
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.support import fake_nvidia_smi
-from tools.gpu_clocks import GpuClockSampler, Sample, describe, parse_line, reason_names, summarize
+from tools.gpu_clocks import TIMESTAMP_FORMAT, GpuClockSampler, Sample, describe, parse_line, reason_names, summarize
 
 
 def test_a_line_of_nvidia_smi_is_read_with_its_own_timestamp():
@@ -95,6 +97,50 @@ def test_the_sampler_reads_nvidia_smi_in_a_loop_and_gives_a_windows_samples(tmp_
     count = len(sampler.samples)
     time.sleep(0.1)
     assert len(sampler.samples) == count  # stopped: nothing more comes
+
+
+def _line(at: float) -> str:
+    return datetime.fromtimestamp(at).strftime(TIMESTAMP_FORMAT)[:-3] + ", " + fake_nvidia_smi.READING + "\n"
+
+
+def _reading(sampler: GpuClockSampler, lines: Iterator[str]) -> threading.Thread:
+    """The sampler's reader thread over `lines` in place of nvidia-smi's pipe."""
+    sampler._reader = threading.Thread(target=sampler._read, args=(lines,), daemon=True)
+    sampler._reader.start()
+    return sampler._reader
+
+
+def test_a_window_that_just_ended_waits_for_the_samples_taken_inside_it():
+    # nvidia-smi took a sample inside the window, but its line comes through after the window is asked for (the
+    # pipe, a busy reader): it counts, and the asking returns once a sample stamped after the window is in
+    start = time.time()
+    end = start + 0.05
+
+    def late_lines() -> Iterator[str]:
+        time.sleep(0.3)
+        yield _line(start + 0.02)
+        yield _line(end + 0.01)
+        time.sleep(2)  # nvidia-smi still running
+
+    sampler = GpuClockSampler(sample_ms=20)
+    _reading(sampler, late_lines())
+    asked = time.monotonic()
+    inside = sampler.between(start, end)
+    waited = time.monotonic() - asked
+    assert [sample.at for sample in inside] == [pytest.approx(start + 0.02, abs=0.001)]
+    assert 0.25 <= waited < 1.0  # until the sample after the window, not the whole bound
+
+
+def test_a_silent_nvidia_smi_holds_a_window_back_at_most_its_bound():
+    def silent() -> Iterator[str]:
+        time.sleep(3)
+        yield from ()
+
+    sampler = GpuClockSampler(sample_ms=20)  # the bound: a second (SETTLE_INTERVALS intervals, at least a second)
+    _reading(sampler, silent())
+    asked = time.monotonic()
+    assert sampler.between(0.0, time.time()) == []
+    assert 0.9 <= time.monotonic() - asked < 2.5
 
 
 @pytest.mark.parametrize("reject", ["clocks_event_reasons", "clocks."])
