@@ -63,20 +63,23 @@ def test_records_from_several_threads_are_all_counted():
     assert (snap.steps, snap.generation_tokens, snap.running_mean) == (4000, 8000, 2.0)
 
 
-def test_iteration_details_split_prefill_steps_from_decode_steps():
+def test_iteration_details_split_prefill_steps_from_decode_steps(monkeypatch):
+    clock = [100.0]  # moved by hand, as above (a real sleep on a loaded machine ran 54 ms late)
+    monkeypatch.setattr("core.step_stats.time.perf_counter", lambda: clock[0])
     steps = EngineSteps()
     steps.record(_scheduler(4, details=_details(800, 3.0)), _iteration(0, prompt=800))  # a prefill step
     for _ in range(3):
-        time.sleep(0.01)
+        clock[0] += 0.01
         steps.record(_scheduler(4, details=_details(0, 0.5)), _iteration(4))  # decode-only
-    time.sleep(0.03)
+    clock[0] += 0.03
     steps.record(_scheduler(6, details=_details(300, 2.0)), _iteration(4, prompt=300))  # two more arrived
     steps.record(_scheduler(6, details=_details(0, 0.0, dummy=True)), None)  # a dummy iteration is no step of ours
     snap = steps.snapshot()
     assert (snap.steps, snap.detailed_steps, snap.prefill_steps) == (6, 5, 2)
     assert (snap.decode_wait_ms, snap.prefill_wait_ms) == (pytest.approx(0.5), pytest.approx(2.5))
     # the decode steps' busy time is the gaps before them: not the long one before the second prefill step
-    assert 0.03 <= snap.decode_busy_seconds < 0.06 < snap.busy_seconds
+    assert snap.decode_busy_seconds == pytest.approx(0.03)
+    assert snap.busy_seconds == pytest.approx(0.06)
     assert snap.decode_steps_per_second == pytest.approx(3 / snap.decode_busy_seconds)
 
 
