@@ -6,7 +6,7 @@ same model, engine args and engine environment (those of one deployment file).
         [--also-deployment FILE] [--variant PREFIX KEY=VALUE...] [--extra-model NAME] [--extra-stream-model NAME]
         [--vllm-backend DIR]
         [--merge [--fill-to 3]]
-        [--interleave [--one-stream-slices 8]] [--profile] [--quick]
+        [--interleave [--one-stream-slices 8]] [--profile [--profile-gil]] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
         [--background-load-alternate] [--out .bench] [--report]
 
@@ -86,7 +86,9 @@ the core's own counters in the Triton log, the engine's steps per level for the 
 steps that computed prompt tokens, the decode-only steps' rate, the EngineCore's wait for the model's result per
 step; a core with several front ends counts its steps without their rates), and py-spy profiles (when py-spy is on PATH)
 of every Python process of the server (and of the bare engine's worker) during the largest level, or the one
---profile-level names; tools/profile_summary.py prints their busiest functions. Results go to OUT/results.json
+--profile-level names; tools/profile_summary.py prints their busiest functions. With --profile-gil py-spy samples
+only the thread that holds each interpreter's GIL: where a process's Python time goes, its threads' waits (for the
+GIL, for I/O) left out. Results go to OUT/results.json
 (rewritten after every level, so a command stopped by a time limit or a dead server keeps what it measured; it
 then exits 1) and OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see how much the
 engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them);
@@ -470,9 +472,18 @@ class EngineWatch:
         return {"engine_steps": self.engine_steps, "engine_lags": self.engine_lags}
 
 
-def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subprocess.Popen]:
-    """py-spy record (raw collapsed stacks, per thread, without pausing the target) of each Python process of
-    the group; [] when py-spy is not installed."""
+def py_spy_command(py_spy: str, pid: int, seconds: float, target: Path, gil: bool = False) -> list[str]:
+    """py-spy record of one process: raw collapsed stacks per thread, 200 a second, without pausing it; with `gil`
+    only the thread holding the GIL at each sample (a busy stub's threads mostly wait for it, which a plain
+    profile counts as their time)."""
+    command = [py_spy, "record", "--nonblocking", "--threads", "--format", "raw", "--rate", "200"]
+    if gil:
+        command.append("--gil")
+    return command + ["-d", str(int(seconds)), "-o", str(target), "--pid", str(pid)]
+
+
+def start_py_spy(pgid: int, seconds: float, out: Path, label: str, gil: bool = False) -> list[subprocess.Popen]:
+    """py_spy_command for each Python process of the group; [] when py-spy is not installed."""
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         print("bench: --profile: py-spy is not on PATH, no stack profiles", file=sys.stderr)
@@ -483,8 +494,7 @@ def start_py_spy(pgid: int, seconds: float, out: Path, label: str) -> list[subpr
         if not name.startswith(("stub:", "python", "VLLM", "vllm")):
             continue
         target = out / f"{label}-{name.replace(':', '-')}.txt"
-        command = [py_spy, "record", "--nonblocking", "--threads", "--format", "raw", "--rate", "200"]
-        command += ["-d", str(int(seconds)), "-o", str(target), "--pid", str(pid)]
+        command = py_spy_command(py_spy, pid, seconds, target, gil)
         recorders.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
     return recorders
 
@@ -495,7 +505,7 @@ def start_level_profile(
     """start_py_spy for the first repetition of the profiled level (--profile); [] for every other."""
     if not (args.profile and rep == 0 and level is profiled_level(levels, args.profile_level)):
         return []
-    return start_py_spy(pgid, args.profile_seconds, args.out / "profiles", label)
+    return start_py_spy(pgid, args.profile_seconds, args.out / "profiles", label, args.profile_gil)
 
 
 # Servers (the clients are in tools/bench_clients.py) ----------------------------------------------------
@@ -2034,6 +2044,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="with --profile: py-spy samples only the thread holding each interpreter's GIL (its Python time)",
+    )
+    parser.add_argument(
         "--profile-level",
         type=profile_level_argument,
         metavar="STREAMSxTOKENS",
@@ -2117,6 +2132,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--one-stream-slices must be 1 or more")
     if args.one_stream_slices > 1 and (not args.interleave or args.profile):
         parser.error("--one-stream-slices takes the turn of --interleave, and --profile's readings are per level")
+    if args.profile_gil and not args.profile:
+        parser.error("--profile-gil chooses how --profile's py-spy samples: it needs --profile")
     args.variables = dict(args.set)
 
     results = ResultsFile(

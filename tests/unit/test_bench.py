@@ -25,6 +25,7 @@ from tools.bench import (
     print_table,
     profile_level_argument,
     profiled_level,
+    py_spy_command,
     requests_for,
     schedule,
     summarize,
@@ -1088,3 +1089,15 @@ def test_a_cores_steps_are_scaled_to_the_levels_own_tokens_when_its_intervals_re
     assert _run("bare", 200).level_steps() is None
     bare.engine_steps = {"steps": 540}
     assert bare.level_steps() == 540
+
+
+def test_py_spy_samples_only_the_gil_holder_when_asked(tmp_path: Path):
+    target = tmp_path / "stub.txt"
+    plain = py_spy_command("py-spy", 4242, 8.0, target)
+    gil = py_spy_command("py-spy", 4242, 8.0, target, gil=True)
+    assert "--gil" not in plain
+    assert gil.count("--gil") == 1 and [a for a in gil if a != "--gil"] == plain
+    # the target process, the file and the duration, each after its flag
+    assert plain[plain.index("--pid") + 1] == "4242"
+    assert plain[plain.index("-o") + 1] == str(target)
+    assert plain[plain.index("-d") + 1] == "8"
