@@ -474,8 +474,8 @@ class EngineWatch:
 
 def py_spy_command(py_spy: str, pid: int, seconds: float, target: Path, gil: bool = False) -> list[str]:
     """py-spy record of one process: raw collapsed stacks per thread, 200 a second, without pausing it; with `gil`
-    only the thread holding the GIL at each sample (a busy stub's threads mostly wait for it, which a plain
-    profile counts as their time)."""
+    only the thread holding the GIL at each sample (a plain profile also counts blocking calls as a thread's time:
+    the event loop's select, a send's round trip to tritonserver)."""
     command = [py_spy, "record", "--nonblocking", "--threads", "--format", "raw", "--rate", "200"]
     if gil:
         command.append("--gil")
