@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from core.process_names import SEM_PREFIX_ENV  # plain Python: importing it starts no vLLM
+from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE  # plain Python: importing them starts no vLLM
+from core.process_names import SEM_PREFIX_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Python backend's thread-pool-size (default 32) caps the BLS calls in flight in a stub: measured on 2.51,
@@ -255,6 +256,34 @@ def interrupt_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
+# Inputs and outputs only the internal models of a rendered repository have (core/interface.py)
+INTERNAL_TENSORS = frozenset((ENGINE_REQUEST.name, ENGINE_RESPONSE.name))
+
+
+def public_models_of(configs: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """Which of these models (Triton's JSON configs by name) a client calls, name -> streaming (decoupled): the
+    ensembles, and every other model that no ensemble runs as a step and that neither takes nor gives an engine
+    request or response (the Python entry models of entry: bls / plain-bls, the plain core of entry: plain-core)."""
+
+    def decoupled(name: str) -> bool:
+        return bool(configs.get(name, {}).get("model_transaction_policy", {}).get("decoupled", False))
+
+    steps = {
+        name: [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])]
+        for name, config in configs.items()
+        if config.get("platform") == "ensemble"
+    }
+    called = {model for models in steps.values() for model in models}
+    public = {}
+    for name, config in sorted(configs.items()):
+        tensors = {t["name"] for t in [*config.get("input", []), *config.get("output", [])]}
+        if name in steps:
+            public[name] = any(decoupled(step) for step in steps[name])
+        elif name not in called and not tensors & INTERNAL_TENSORS:
+            public[name] = decoupled(name)
+    return public
+
+
 class TritonServer:
     def __init__(
         self,
@@ -408,26 +437,16 @@ class TritonServer:
         return {entry["name"]: entry for entry in _http_json(f"http://{self.http_url}{path}").get("model_stats", [])}
 
     def public_models(self) -> dict[str, bool]:
-        """The ready models a client calls, name -> streaming (decoupled): ensembles, and the BLS entry models of
-        a rendered repository (Python models with a `stream` parameter). Read from the server's own configs."""
+        """The ready models a client calls, name -> streaming (decoupled): public_models_of the server's own
+        configs."""
         index = _http_json(f"http://{self.http_url}/v2/repository/index", body=b"{}")
-        configs = {
-            m["name"]: _http_json(f"http://{self.http_url}/v2/models/{m['name']}/config")
-            for m in index
-            if m.get("state") == "READY"
-        }
-
-        def decoupled(name: str) -> bool:
-            return bool(configs.get(name, {}).get("model_transaction_policy", {}).get("decoupled", False))
-
-        public = {}
-        for name, config in sorted(configs.items()):
-            if config.get("platform") == "ensemble":
-                steps = config.get("ensemble_scheduling", {}).get("step", [])
-                public[name] = any(decoupled(step["model_name"]) for step in steps)
-            elif "stream" in config.get("parameters", {}):
-                public[name] = decoupled(name)
-        return public
+        return public_models_of(
+            {
+                m["name"]: _http_json(f"http://{self.http_url}/v2/models/{m['name']}/config")
+                for m in index
+                if m.get("state") == "READY"
+            }
+        )
 
     def _log_hint(self) -> str:
         return f" (log: {self.log_file})" if self.log_file else ""

@@ -214,3 +214,34 @@ def test_watch_cancels_outside_plain_core_is_refused(tmp_path: Path, entry: str)
     expected = f"generate.watch_cancels works with entry: plain-core only \\(entry: {entry}"
     with pytest.raises(ConfigError, match=expected):
         load_deployment(_config(tmp_path, entry=entry, generate={"watch_cancels": True}))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"entry": "bls"},
+        {"entry": "plain-bls", "core": {"front_ends": 2, "postprocess_in_sender": True}},
+        {"entry": "plain-core", "core": {"front_ends": 2, "postprocess_in_sender": True}},
+        {"entry": "plain-core", "core": {"front_ends": 1, "preprocess_threads": 2, "postprocess_in_sender": True}},
+    ],
+)
+def test_the_public_models_are_found_from_the_configs_for_every_entry(tmp_path: Path, changes: dict[str, object]):
+    """tools/serve.py sends its first request to the plain public model that tools/triton_server.py finds in the
+    server's configs: for every entry the two public names, never an internal model."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from tools.triton_server import public_models_of
+
+    shared = {"engine_env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, "health": {"restart_engine": False}}
+    files = render(load_deployment(_config(tmp_path, **shared, **changes)), tmp_path / "out")
+    configs = {  # as Triton serves them at /v2/models/NAME/config
+        rel.split("/")[0]: json_format.MessageToDict(
+            text_format.Parse(text, model_config_pb2.ModelConfig()), preserving_proto_field_name=True
+        )
+        for rel, text in files.items()
+        if rel.endswith("/config.pbtxt")
+    }
+    assert len(configs) > 2
+    assert public_models_of(configs) == {"vllm_model": False, "vllm_model_stream": True}
