@@ -26,6 +26,7 @@ def _deployment(folder: Path, model: Path) -> Path:
         "  enforce_eager: true\n"
         "  max_model_len: 512\n"
         "  kv_cache_memory_bytes: 268435456\n"
+        "  gpu_memory_utilization: 0.05\n"  # on a GPU: the share vLLM wants free at start, beside other tests' engines
         "  disable_log_stats: true\n"
         "engine_env:\n"
         '  OMP_NUM_THREADS: "1"\n'

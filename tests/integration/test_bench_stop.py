@@ -116,7 +116,7 @@ def test_a_server_whose_path_fails_its_token_check_is_stopped(tiny_model: Path, 
     deployment = tmp_path / "short.yaml"
     deployment.write_text(
         f"model: {tiny_model}\nengine_args:\n  enforce_eager: true\n  max_model_len: 128\n"
-        "  kv_cache_memory_bytes: 268435456\n  disable_log_stats: true\n",
+        "  kv_cache_memory_bytes: 268435456\n  gpu_memory_utilization: 0.05\n  disable_log_stats: true\n",
         encoding="utf-8",
     )
     command = [sys.executable, str(ROOT / "tools" / "bench.py"), "--deployment", str(deployment)]

@@ -259,9 +259,11 @@ def test_a_results_file_names_each_run_by_its_command_and_repetition(tmp_path: P
     assert third.repetitions_done({"max_tokens": 64, "concurrency": 64}) == 0
 
 
-def test_report_judges_a_results_file_without_measuring(tmp_path: Path, capsys):
+def test_report_judges_a_results_file_without_measuring(tmp_path: Path, capsys, monkeypatch):
     """--report: a run merged over commands (or made by an older bench) printed as this bench judges it."""
     from tools.bench import main
+
+    monkeypatch.setattr("tools.machine_facts.gpus", lambda: [])  # the same on a machine with a GPU
 
     results = ResultsFile(tmp_path / "results.json", merge=False, command="bench a", deployment="d")
     for rep in range(3):
@@ -364,7 +366,8 @@ def test_the_results_file_holds_every_level_as_soon_as_it_is_measured(tmp_path: 
     assert not list(target.parent.glob("*.partial"))
 
 
-def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_after_theirs(tmp_path: Path):
+def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_after_theirs(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("tools.machine_facts.gpus", lambda: ["NVIDIA H200, 143771 MiB, 580.159.04"])
     target = tmp_path / "results.json"
     first = ResultsFile(target, merge=True, command="first", deployment="d.yaml")
     first.add(_run("bare", 100, rep=0))
@@ -381,7 +384,7 @@ def test_a_merged_command_keeps_the_earlier_runs_and_numbers_its_repetitions_aft
         assert command["machine"]["cpus"]["count"] > 0 and len(command["interrupts"]["per_cpu"]) > 0
         cpus = len(command["cpu_time"]["busy_percent"])
         assert cpus == len(command["cpu_time"]["steal_percent"]) == len(command["interrupts"]["per_cpu"])
-        assert command["machine"]["gpus"] == []  # this CPU machine has none
+        assert command["machine"]["gpus"] == ["NVIDIA H200, 143771 MiB, 580.159.04"]  # as machine_facts found it
     # Without --merge the file starts over.
     ResultsFile(target, merge=False, command="third", deployment="d.yaml").add(_run("bare", 1))
     assert [(r.path, r.rep) for r in load_runs(target)] == [("bare", 0)]
