@@ -10,6 +10,7 @@ folder and is gone after the stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -100,13 +101,40 @@ def _unix_socket_paths(pgid: int) -> set[str]:
     return paths
 
 
+def _semaphore_holders() -> dict[int, set[int]]:
+    """The processes that have each named semaphore of /dev/shm open, by the semaphore file's inode (a mapping
+    names the temporary file glibc created it as, not the name it was linked to)."""
+    holders: dict[int, set[int]] = {}
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            lines = maps.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/sem."):
+                holders.setdefault(int(fields[4]), set()).add(int(maps.parent.name))
+    return holders
+
+
 def _files_while_serving(server: TritonServer, before: set[Path]) -> tuple[set[str], set[Path]]:
     """The server's ZMQ sockets and its semaphores; asserts that every semaphore that appeared since `before`
-    carries a server's prefix (this one's, or another test server's: "sem.mp-tvllm...")."""
+    carries a server's prefix (this one's, or another test server's: "sem.mp-tvllm..."), but for those only
+    processes outside this server hold open: another test's own vLLM (an offline run, a benchmark's bare engine,
+    measured on the GPU machine with 4 test workers) names its semaphores as multiprocessing does."""
     sockets = _unix_socket_paths(server.process.pid)
     semaphores = set(Path("/dev/shm").glob(f"sem.{server.sem_prefix}*"))
     new = set(Path("/dev/shm").glob("sem.mp-*")) - before
-    stray = {p for p in new - semaphores if not p.name.startswith("sem.mp-tvllm")}
+    ours = set(process_group_members(server.process.pid))
+    holders = _semaphore_holders()
+
+    def held_by_others_only(path: Path) -> bool:
+        with contextlib.suppress(OSError):
+            pids = holders.get(path.stat().st_ino, set())
+            return bool(pids) and not pids & ours
+        return False
+
+    stray = {p for p in new - semaphores if not p.name.startswith("sem.mp-tvllm") and not held_by_others_only(p)}
     assert not stray, f"semaphores without a server's prefix: {stray}"
     # vLLM on CPU creates some (spawned processes); vLLM 0.26 on CUDA, forking its EngineCore, created none
     assert semaphores or not new, "semaphores appeared, none with the server's prefix: the naming did not reach vLLM"
