@@ -92,8 +92,12 @@ class Request:
     def __init__(
         self, inputs: dict[str, np.ndarray], parameters: dict[str, Any] | None = None, requested: tuple[str, ...] = ()
     ) -> None:
-        self.inputs, self._parameters, self._requested = inputs, parameters or {}, list(requested)
+        self._inputs, self._parameters, self._requested = inputs, parameters or {}, list(requested)
         self.sender = RecordingSender()
+
+    def inputs(self) -> list[Tensor]:
+        """New objects on every call, as the stub's (each call builds them anew)."""
+        return [Tensor(name, array) for name, array in self._inputs.items()]
 
     def get_response_sender(self) -> RecordingSender:
         return self.sender
@@ -106,8 +110,8 @@ class Request:
 
 
 def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:
-    array = request.inputs.get(name)
-    return None if array is None else Tensor(name, array)
+    """As triton_python_backend_utils' own: the first of the request's inputs with that name."""
+    return next((tensor for tensor in request.inputs() if tensor.name() == name), None)
 
 
 def fake_stub_module() -> types.ModuleType:

@@ -20,7 +20,8 @@ def test_freezing_hides_the_startup_heap_from_full_collections(unfrozen, monkeyp
     monkeypatch.delenv(FREEZE_ENVIRONMENT_KEY, raising=False)
     startup = [[i] for i in range(50_000)]  # tracked objects made "at startup"
     frozen = freeze_startup_heap()
-    assert frozen >= len(startup) and gc.get_freeze_count() == frozen
+    # other threads of the test process (earlier tests' daemons) may free a few frozen objects meanwhile (seen in CI)
+    assert frozen >= len(startup) and len(startup) <= gc.get_freeze_count() <= frozen
     tracked = len(gc.get_objects(generation=2))
     assert tracked < frozen  # a full collection no longer walks them
     unfreeze_heap()
