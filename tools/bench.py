@@ -87,11 +87,11 @@ steps that computed prompt tokens, the decode-only steps' rate, the EngineCore's
 step; a core with several front ends counts its steps without their rates), and py-spy profiles (when py-spy is on PATH)
 of every Python process of the server (and of the bare engine's worker) during the largest level, or the one
 --profile-level names; tools/profile_summary.py prints their busiest functions. With --profile-gil py-spy samples
-only the thread that holds each interpreter's GIL: where a process's Python time goes, its threads' waits (for the
-GIL, for I/O) left out. Results go to OUT/results.json
-(rewritten after every level, so a command stopped by a time limit or a dead server keeps what it measured; it
-then exits 1) and OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see how much the
-engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them);
+only the thread that holds each interpreter's GIL: where a process's Python time goes, the waits that release the
+GIL (for it, for I/O) left out but those that hold it counted (Triton's stub after each execute).
+Results go to OUT/results.json (rewritten after every level, so a command stopped by a time limit or a dead server keeps
+what it measured; it then exits 1) and OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see
+how much the engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them);
 --background-load-kind memory makes them copy memory too (bandwidth and the shared cache), not only spin;
 --background-load-alternate runs them in odd repetitions only (paused in even ones) and prints each path's loaded
 repetition over the unloaded one just before it: a paired measure of what the busy CPUs cost the engine.
