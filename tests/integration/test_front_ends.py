@@ -113,7 +113,7 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         time.sleep(1.0)
         assert _running(server) == [0.0], "idle again: no older value from another front end left behind"
 
-        failed = _kill_in_flight(server, client, engines[0])
+        _, failed = _kill_in_flight(server, client, engines[0])
         print(f"\n{len(failed)} in flight failed, the last {max(after for _, after in failed):.2f} s after the kill")
         for _ in range(2 * FRONT_ENDS):  # new requests, whichever instance takes them
             start = time.monotonic()
