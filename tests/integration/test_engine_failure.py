@@ -15,11 +15,15 @@ import pytest
 import requests
 
 from tests.support.reliability_helpers import (
+    core_requests,
     default_engine_args,
+    engine_cores,
+    engine_stopped,
     render_repository,
     scrape,
     start_server,
     vllm_metric,
+    wait_for_core_requests,
 )
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
 
@@ -30,17 +34,11 @@ pytestmark = pytest.mark.server
 # 1.5 s deadline 8 s) and even in a `sleep 1.5; kill` process started with them (CI of 89edaca: all 32 finished at
 # 5.85 s, before the kill). So the EngineCore is stopped (SIGSTOP) before they are sent: none can finish, and each is
 # in flight (sent, unanswered) when the SIGKILL comes, whenever that is.
-CORE_MODEL = "vllm_core"
 LONG = {"temperature": 0, "max_tokens": 2000, "ignore_eos": True}
 LONG_ENGINE_ARGS = default_engine_args(max_model_len=2048)  # room for LONG; the servers that get killed use it
 IN_FLIGHT = 32
 QUICK_SECONDS = 30  # generous on a shared machine; a hang would be the 120 s client timeout
 ADMIT_SECONDS = 10.0  # at most this long for the core to take every in-flight request before the kill
-
-
-def _engine_cores(server) -> list[int]:
-    # comm is cut to 15 chars: VLLM::EngineCor
-    return [pid for pid, comm in process_group_members(server.process.pid).items() if "EngineCor" in comm]
 
 
 @pytest.mark.parametrize("entry", ["ensemble", "bls"])
@@ -54,7 +52,7 @@ def test_killed_engine_gives_unavailable_in_flight_and_after(tiny_model, tmp_pat
     )
     server = start_server(repository, tmp_path / "tritonserver.log")
     try:
-        engines = _engine_cores(server)
+        engines = engine_cores(server)
         assert len(engines) == 1, process_group_members(server.process.pid)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         _, failed = _kill_in_flight(server, client, engines[0])
@@ -110,12 +108,6 @@ def _assert_server_up(server) -> None:
         pytest.fail(f"tritonserver exited with {server.process.returncode}; the end of its log:\n{tail}")
 
 
-def _core_requests(client) -> int:
-    """Requests that Triton counted at the core's execute so far (a decoupled model's execute only starts them)."""
-    stats = client.get_inference_statistics(CORE_MODEL, as_json=True, client_timeout=QUICK_SECONDS)
-    return sum(int(entry.get("inference_count", 0)) for entry in stats.get("model_stats", []))
-
-
 def _kill_in_flight(server, client, engine: int) -> tuple[float, list[tuple[object, float]]]:
     """IN_FLIGHT long plain requests, each in the core, the EngineCore killed under them: when it was killed
     (time.monotonic()), and (error, seconds after the kill) for each request, every one of which is UNAVAILABLE."""
@@ -130,17 +122,15 @@ def _kill_in_flight(server, client, engine: int) -> tuple[float, list[tuple[obje
         except Exception as exc:  # noqa: BLE001 - every request's outcome is asserted below, whatever it is
             outcomes.append((exc, time.monotonic()))
 
-    before = _core_requests(client)
-    os.kill(engine, signal.SIGSTOP)  # nothing can finish from here on
+    before = core_requests(client)
     threads = [threading.Thread(target=plain) for _ in range(IN_FLIGHT)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + ADMIT_SECONDS
-    while (admitted := _core_requests(client) - before) < IN_FLIGHT and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert admitted == IN_FLIGHT, f"the core took {admitted} of {IN_FLIGHT} requests in {ADMIT_SECONDS:.0f} s"
-    killed_at = time.monotonic()
-    os.kill(engine, signal.SIGKILL)
+    with engine_stopped(engine):  # nothing can finish from here on
+        for thread in threads:
+            thread.start()
+        admitted = wait_for_core_requests(client, before + IN_FLIGHT, ADMIT_SECONDS) - before
+        assert admitted == IN_FLIGHT, f"the core took {admitted} of {IN_FLIGHT} requests in {ADMIT_SECONDS:.0f} s"
+        killed_at = time.monotonic()
+        os.kill(engine, signal.SIGKILL)
     for thread in threads:
         thread.join(timeout=130)
     assert not any(t.is_alive() for t in threads), "an in-flight request hung"
@@ -195,7 +185,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
         client = grpcclient.InferenceServerClient(server.grpc_url)
         before = client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=120)
         expected = before.as_numpy("text_output")[0].decode("utf-8")
-        (first,) = _engine_cores(server)
+        (first,) = engine_cores(server)
         rss_before = _core_stub_rss_mib(server)
 
         killed_at, failed = _kill_in_flight(server, client, first)
@@ -209,7 +199,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
             "".join(o["text_output"][0].decode() for o, _ in streamed if "text_output" in o)
             == expected[len(REFERENCE[0]) :]
         )
-        engines = _engine_cores(server)
+        engines = engine_cores(server)
         assert len(engines) == 1 and engines[0] != first, engines  # a new EngineCore, the dead one reaped
         rss_after = _core_stub_rss_mib(server)
         if metrics:
@@ -229,7 +219,7 @@ def test_killed_engine_restarts_and_answers_again_then_gives_up(tiny_model, tmp_
         time.sleep(3)  # longer than the backoff: no further restart is attempted
         with pytest.raises(Exception, match="stays down"):
             client.infer(PLAIN_MODEL, grpc_inputs(*REFERENCE), client_timeout=60)
-        assert _engine_cores(server) == []
+        assert engine_cores(server) == []
         text_log = log.read_text(errors="replace")
         assert "the vLLM engine is back: restarted in" in text_log
         assert "giving up on the vLLM engine after 1 failed restart(s) in a row" in text_log

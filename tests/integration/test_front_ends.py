@@ -7,7 +7,9 @@ flight, or new on either instance) gets UNAVAILABLE quickly while the server sta
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 
@@ -15,8 +17,8 @@ import pytest
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY
 from core.step_stats import combine, parse_line
-from tests.integration.test_engine_failure import LONG_ENGINE_ARGS, QUICK_SECONDS, _engine_cores, _kill_in_flight
-from tests.support.reliability_helpers import render_repository, scrape
+from tests.integration.test_engine_failure import LONG_ENGINE_ARGS, QUICK_SECONDS, _kill_in_flight
+from tests.support.reliability_helpers import engine_cores, render_repository, scrape
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream
 from tools.triton_server import start_on_free_ports
 
@@ -65,7 +67,7 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
     log = tmp_path / "tritonserver.log"
     server = start_on_free_ports(repository, log, environment={CORE_STATS_KEY: "1"})
     try:
-        engines = _engine_cores(server)
+        engines = engine_cores(server)
         assert len(engines) == 1, f"one EngineCore for {FRONT_ENDS} front ends, found {engines}"
         client = grpcclient.InferenceServerClient(server.grpc_url)
 
@@ -98,15 +100,36 @@ def test_two_front_ends_share_one_engine_and_fail_fast_when_it_dies(tiny_model, 
         generated = [v for (name, _), v in samples.items() if name == "vllm:generation_tokens_total"]
         assert generated == [GREEDY["max_tokens"] * (len(prompts) + 3)]
         assert _running(server) == [0.0], "idle: the newest gauge, whichever front end set it"
-        # The gauges are the EngineCore's: set while requests run (vLLM hands them to one front end per step)
+        # The gauges are the EngineCore's: set while requests run (vLLM hands them to one front end per step). The
+        # EngineCore is stopped as the first streamed token arrives, so the running gauge holds while this thread
+        # polls it, however late it wakes (tests/support/reliability_helpers.py: engine_stopped)
         long = {"temperature": 0, "max_tokens": 200, "ignore_eos": True}
-        threads = [threading.Thread(target=client.infer, args=(PLAIN_MODEL, grpc_inputs(p, long))) for p in prompts[:6]]
+        threads = [threading.Thread(target=client.infer, args=(PLAIN_MODEL, grpc_inputs(p, long))) for p in prompts[:5]]
+        first_token, stream_done = threading.Event(), threading.Event()
+
+        def on_response(result, error) -> None:
+            if not first_token.is_set():
+                os.kill(engines[0], signal.SIGSTOP)
+                first_token.set()
+            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                stream_done.set()
+
         for thread in threads:
             thread.start()
-        seen, deadline = [0.0], time.monotonic() + 60
-        while max(seen) == 0.0 and time.monotonic() < deadline:
-            seen = _running(server)
-            time.sleep(0.1)
+        streamer = grpcclient.InferenceServerClient(server.grpc_url)
+        streamer.start_stream(callback=on_response)
+        streamer.async_stream_infer(STREAM_MODEL, grpc_inputs(prompts[5], long, stream=True))
+        try:
+            assert first_token.wait(60), "no streamed token in 60 s"
+            seen, deadline = [0.0], time.monotonic() + 10
+            while max(seen) == 0.0 and time.monotonic() < deadline:
+                seen = _running(server)
+                time.sleep(0.1)
+        finally:
+            os.kill(engines[0], signal.SIGCONT)
+        assert stream_done.wait(180), "the stream did not end"
+        streamer.stop_stream()
+        streamer.close()
         for thread in threads:
             thread.join(timeout=180)
         assert max(seen) > 0, "the running gauge never moved while 6 requests ran"
@@ -167,7 +190,7 @@ def test_plain_core_serves_plain_requests_as_front_ends_of_the_cores_engine(tiny
     log = tmp_path / "tritonserver.log"
     server = start_on_free_ports(repository, log, environment={CORE_STATS_KEY: "1"})
     try:
-        engines = _engine_cores(server)
+        engines = engine_cores(server)
         assert len(engines) == 1, f"one EngineCore for {FRONT_ENDS} + 2 front ends, found {engines}"
         client = grpcclient.InferenceServerClient(server.grpc_url)
         prompts = [f"Story {i}: once upon a time" for i in range(16)]

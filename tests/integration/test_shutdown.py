@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.reliability_helpers import render_repository, start_server
+from tests.support.reliability_helpers import (
+    core_requests,
+    engine_cores,
+    engine_stopped,
+    render_repository,
+    start_server,
+    wait_for_core_requests,
+)
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, process_group_members
 
 pytestmark = pytest.mark.server
@@ -50,13 +57,21 @@ def test_stop_with_requests_in_flight_exits_cleanly(tiny_model, tmp_path, signum
         client.stop_stream()
 
     try:
+        (engine,) = engine_cores(server)
+        stats = grpcclient.InferenceServerClient(server.grpc_url)
+        before = core_requests(stats)
         threads = [threading.Thread(target=plain if i % 2 else stream) for i in range(8)]
-        for thread in threads:
-            thread.start()
-        started.wait()
-        time.sleep(1.0)  # let them reach the engine
-        start = time.monotonic()
-        server.process.send_signal(signum)
+        # The engine stopped until the signal: all 8 are in the core when it comes, however late this thread wakes
+        # (tests/support/reliability_helpers.py: engine_stopped)
+        with engine_stopped(engine):
+            for thread in threads:
+                thread.start()
+            started.wait()
+            admitted = wait_for_core_requests(stats, before + 8, 10) - before
+            assert admitted == 8, f"the core took {admitted} of 8 requests in 10 s"
+            start = time.monotonic()
+            server.process.send_signal(signum)
+        stats.close()
         server.process.wait(timeout=EXIT_TIMEOUT + 60)
         exit_seconds = time.monotonic() - start
         for thread in threads:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
 import repo_render
+from tests.support.triton_helpers import process_group_members
 from tools.triton_server import TritonServer, start_on_free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +37,42 @@ def default_engine_args(**changes: object) -> dict:
     """The default deployment's engine_args with `changes`, e.g. max_model_len=2048 (the tiny model's longest) for
     requests that run for seconds."""
     return {**yaml.safe_load(repo_render.DEFAULT_CONFIG.read_text())["engine_args"], **changes}
+
+
+CORE_MODEL = "vllm_core"
+
+
+def engine_cores(server: TritonServer) -> list[int]:
+    """The process ids of the server's vLLM EngineCore processes."""
+    # comm is cut to 15 chars: VLLM::EngineCor
+    return [pid for pid, comm in process_group_members(server.process.pid).items() if "EngineCor" in comm]
+
+
+def core_requests(client) -> int:
+    """Requests that Triton counted at the core's execute so far (a decoupled model's execute only starts them)."""
+    stats = client.get_inference_statistics(CORE_MODEL, as_json=True, client_timeout=30)
+    return sum(int(entry.get("inference_count", 0)) for entry in stats.get("model_stats", []))
+
+
+def wait_for_core_requests(client, count: int, timeout: float) -> int:
+    """Poll until Triton counted `count` requests at the core (or `timeout` s passed); the count it reached."""
+    deadline = time.monotonic() + timeout
+    while (counted := core_requests(client)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return counted
+
+
+@contextlib.contextmanager
+def engine_stopped(pid: int) -> Iterator[None]:
+    """The EngineCore `pid` stopped (SIGSTOP) inside the block, continued after it: requests sent meanwhile reach the
+    core but cannot finish. On the CI machine a test cannot time an action against requests that decode (while they
+    run, its timed waits wake only as they end), so the tests that act on requests in flight stop the engine first."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # killed inside the block
+            os.kill(pid, signal.SIGCONT)
 
 
 def start_server(repository: Path, log: Path, exit_timeout_secs: int = 10) -> TritonServer:
