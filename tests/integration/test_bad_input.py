@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.hostile_requests import CASES, FRONTEND_PARSE_ERRORS, GRPC_BYTES_CASES, Case
+from tests.support.reliability_helpers import CORE_MODEL
 from tests.support.triton_helpers import PLAIN_MODEL, env_int, grpc_stream
 
 pytestmark = pytest.mark.server
 
-CORE_MODEL = "vllm_core"  # the default deployment's names.core
 BOUND_SECONDS = 60  # generous: the machine is shared; a hang is what this catches
 VALID = {"text_input": "The quick brown fox", "parameters": {"temperature": 0, "max_tokens": 4}}
 

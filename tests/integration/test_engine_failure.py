@@ -122,12 +122,12 @@ def _kill_in_flight(server, client, engine: int) -> tuple[float, list[tuple[obje
         except Exception as exc:  # noqa: BLE001 - every request's outcome is asserted below, whatever it is
             outcomes.append((exc, time.monotonic()))
 
-    before = core_requests(client)
+    before = core_requests(server)
     threads = [threading.Thread(target=plain) for _ in range(IN_FLIGHT)]
     with engine_stopped(engine):  # nothing can finish from here on
         for thread in threads:
             thread.start()
-        admitted = wait_for_core_requests(client, before + IN_FLIGHT, ADMIT_SECONDS) - before
+        admitted = wait_for_core_requests(server, before + IN_FLIGHT, ADMIT_SECONDS) - before
         assert admitted == IN_FLIGHT, f"the core took {admitted} of {IN_FLIGHT} requests in {ADMIT_SECONDS:.0f} s"
         killed_at = time.monotonic()
         os.kill(engine, signal.SIGKILL)

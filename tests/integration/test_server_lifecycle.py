@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from core.interface import STREAM_ECHO_ERROR
-from tests.support.reliability_helpers import ROOT, render_repository, start_server
+from tests.support.reliability_helpers import CORE_MODEL, ROOT, render_repository, start_server
 from tests.support.triton_helpers import PLAIN_MODEL, STREAM_MODEL, grpc_inputs, grpc_stream, process_group_members
 from tools.triton_server import TritonServer
 
@@ -66,7 +66,7 @@ def _plain_deadlines(server: TritonServer, count: int) -> None:
 
 
 def _core_requests_done(server: TritonServer) -> int:
-    stats = server.model_stats("vllm_core")["vllm_core"]["inference_stats"]
+    stats = server.model_stats(CORE_MODEL)[CORE_MODEL]["inference_stats"]
     return stats["success"]["count"] + stats["fail"]["count"]
 
 

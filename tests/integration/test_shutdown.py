@@ -58,8 +58,7 @@ def test_stop_with_requests_in_flight_exits_cleanly(tiny_model, tmp_path, signum
 
     try:
         (engine,) = engine_cores(server)
-        stats = grpcclient.InferenceServerClient(server.grpc_url)
-        before = core_requests(stats)
+        before = core_requests(server)
         threads = [threading.Thread(target=plain if i % 2 else stream) for i in range(8)]
         # The engine stopped until the signal: all 8 are in the core when it comes, however late this thread wakes
         # (tests/support/reliability_helpers.py: engine_stopped)
@@ -67,11 +66,10 @@ def test_stop_with_requests_in_flight_exits_cleanly(tiny_model, tmp_path, signum
             for thread in threads:
                 thread.start()
             started.wait()
-            admitted = wait_for_core_requests(stats, before + 8, 10) - before
+            admitted = wait_for_core_requests(server, before + 8, 10) - before
             assert admitted == 8, f"the core took {admitted} of 8 requests in 10 s"
             start = time.monotonic()
             server.process.send_signal(signum)
-        stats.close()
         server.process.wait(timeout=EXIT_TIMEOUT + 60)
         exit_seconds = time.monotonic() - start
         for thread in threads:

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 import repo_render
+from repo_render.schema import Names
 from tests.support.triton_helpers import process_group_members
 from tools.triton_server import TritonServer, start_on_free_ports
 
@@ -39,7 +40,7 @@ def default_engine_args(**changes: object) -> dict:
     return {**yaml.safe_load(repo_render.DEFAULT_CONFIG.read_text())["engine_args"], **changes}
 
 
-CORE_MODEL = "vllm_core"
+CORE_MODEL = Names().core  # the default deployment's core model
 
 
 def engine_cores(server: TritonServer) -> list[int]:
@@ -48,16 +49,15 @@ def engine_cores(server: TritonServer) -> list[int]:
     return [pid for pid, comm in process_group_members(server.process.pid).items() if "EngineCor" in comm]
 
 
-def core_requests(client) -> int:
+def core_requests(server: TritonServer) -> int:
     """Requests that Triton counted at the core's execute so far (a decoupled model's execute only starts them)."""
-    stats = client.get_inference_statistics(CORE_MODEL, as_json=True, client_timeout=30)
-    return sum(int(entry.get("inference_count", 0)) for entry in stats.get("model_stats", []))
+    return int(server.model_stats(CORE_MODEL)[CORE_MODEL]["inference_count"])
 
 
-def wait_for_core_requests(client, count: int, timeout: float) -> int:
+def wait_for_core_requests(server: TritonServer, count: int, timeout: float) -> int:
     """Poll until Triton counted `count` requests at the core (or `timeout` s passed); the count it reached."""
     deadline = time.monotonic() + timeout
-    while (counted := core_requests(client)) < count and time.monotonic() < deadline:
+    while (counted := core_requests(server)) < count and time.monotonic() < deadline:
         time.sleep(0.05)
     return counted
 
