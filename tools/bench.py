@@ -13,6 +13,9 @@ same model, engine args and engine environment (those of one deployment file).
 Paths:
   bare          vLLM AsyncLLM in one process (a worker subprocess of this script), FINAL_ONLY outputs: the limit
   bare-stream   the same with DELTA outputs (gives TTFT): the baseline of every streamed path
+  bare-delayed  bare with each request held back a random 0 to --bare-delay-ms ms (uniform, seeded; counted in its
+                latency) before it reaches the engine: what a wave's requests arriving that spread out cost the engine,
+                without a server in between (a diagnostic beside bare, no target)
   bare-front-ends     the bare engine as our server arranges it, without Triton: one EngineCore shared by N
                 AsyncLLM clients (N = the deployment's core.front_ends), one in each of N client processes, attached
                 as the core's front ends attach; FINAL_ONLY outputs
@@ -138,6 +141,7 @@ from tools.bench_clients import (  # noqa: E402
     ProcessPoolRunner,
     Prompt,
     Runner,
+    delayed,
     engine_sender,
     generated_tokens,
     open_runner,
@@ -177,6 +181,7 @@ STREAMED_PATHS = (
     "vllm-backend-stream",
 )
 BARE_PATHS = ("bare", "bare-stream")
+BARE_WORKER_PATHS = (*BARE_PATHS, "bare-delayed")  # the paths the bare engine's worker serves
 FRONT_END_PATHS = ("bare-front-ends", "bare-front-ends-stream")
 TRITON_PATHS = ("plain-grpc", "plain-http", "stream-grpc", "stream-grpc-per-request", "vllm-backend-stream")
 VLLM_BACKEND_MODEL = "vllm_backend"
@@ -190,6 +195,7 @@ CORE_STATS_SECONDS = 0.5  # --profile: how often the core logs its counters (sho
 PATH_CLIENTS = {
     "bare": "in-process",
     "bare-stream": "in-process",
+    "bare-delayed": "in-process-delayed",
     "bare-front-ends": "engine-front-end",
     "bare-front-ends-stream": "engine-front-end-stream",
     "vllm-serve": "openai",
@@ -219,14 +225,14 @@ def baseline_of(path: str) -> str:
 
 
 # The paths that ours are compared with besides the bare engine (a target each, or a split of the gap)
-COMPARED_PATHS = ("vllm-serve", "vllm-serve-stream", "vllm-backend-stream", *FRONT_END_PATHS)
+COMPARED_PATHS = ("vllm-serve", "vllm-serve-stream", "vllm-backend-stream", "bare-delayed", *FRONT_END_PATHS)
 
 
 def engine_groups(paths: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
     """`paths` by the engine that serves them: the bare worker, the front ends of one EngineCore, `vllm serve`,
     the Triton server (one group each; a group's engine starts once per command)."""
     return (
-        [p for p in paths if p in BARE_PATHS],
+        [p for p in paths if p in BARE_WORKER_PATHS],
         [p for p in paths if p in FRONT_END_PATHS],
         [p for p in paths if p.startswith("vllm-serve")],
         [p for p in paths if p in TRITON_PATHS or p.startswith("extra")],
@@ -609,6 +615,8 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
         path: InProcessRunner(engine_sender(llm, path == "bare-stream", "bare", on_output))
         for path in ("bare", "bare-stream")
     }
+    delayed_send = delayed(engine_sender(llm, False, "bare-delayed", on_output), spec["delay"])
+    runners["bare-delayed"] = InProcessRunner(delayed_send)
     loop = asyncio.get_running_loop()
     try:
         answers.write(json.dumps({"ready": True}) + "\n")
@@ -1890,6 +1898,7 @@ async def measure_all(
             "engine_cpus": setup.engine_cpus,
             "prompts": [prompt.ids for prompt in prompts],
             "profile": args.profile,
+            "delay": args.bare_delay_ms / 1000,  # the bare-delayed path's longest hold
         }
         groups.append(BareGroup(args, bare, levels, spec, out / "bare.log"))
     if shared:
@@ -2040,6 +2049,13 @@ def build_parser() -> argparse.ArgumentParser:
         " per slice (reversed every other slice); each path's slices add up to its repetition, so the paths compared"
         " at one stream are measured within a second or two of each other, not 4-15 s apart (1: the whole level at"
         " once); only a path's first slice warms up, so N as large as the level's requests costs no more time",
+    )
+    parser.add_argument(
+        "--bare-delay-ms",
+        type=float,
+        default=40.0,
+        metavar="MS",
+        help="the bare-delayed path holds each request back a random 0 to MS ms before the engine gets it",
     )
     parser.add_argument("--profile", action="store_true", help="per-process CPU, Triton stats, py-spy profiles")
     parser.add_argument("--profile-seconds", type=float, default=8.0)

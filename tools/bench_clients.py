@@ -17,6 +17,7 @@ import functools
 import itertools
 import json
 import multiprocessing
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -283,6 +284,23 @@ def engine_sender(llm: Any, stream: bool, prefix: str, on_output: Callable[..., 
         return Sample(time.perf_counter() - start, ttft if stream else None, tokens)
 
     return send
+
+
+def delayed(send: Send, max_delay: float, seed: int = 0) -> Send:
+    """`send` with each request held back a random 0-`max_delay` seconds (uniform) before it goes out, the hold
+    counted in its latency (the bare-delayed path): requests that reach the engine spread out as a wave's do through a
+    server's hops, without the server. Seeded: the same holds in every run."""
+    rng = random.Random(seed)
+
+    async def send_later(prompt: Prompt, max_tokens: int) -> Sample:
+        start = time.perf_counter()
+        await asyncio.sleep(rng.uniform(0.0, max_delay))
+        held = time.perf_counter() - start
+        sample = await send(prompt, max_tokens)
+        ttft = None if sample.ttft is None else held + sample.ttft
+        return replace(sample, latency=held + sample.latency, ttft=ttft)
+
+    return send_later
 
 
 @functools.cache

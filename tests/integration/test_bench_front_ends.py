@@ -1,10 +1,11 @@
 """tools/bench.py's bare-front-ends paths on the real engine: one EngineCore, started by the benchmark's launcher,
 shared by an AsyncLLM client in each of the deployment's `core.front_ends` client processes (as the core's front
-ends share theirs), measured beside the bare engine in one command."""
+ends share theirs), measured beside the bare engine in one command; and the bare engine's bare-delayed path."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.server
 
 MAX_TOKENS = 8
 REQUESTS = 8
+DELAY_MS = 400  # bare-delayed's longest hold
 
 
 def _deployment(folder: Path, model: Path) -> Path:
@@ -44,9 +46,10 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
     # A stand-in nvidia-smi (this machine has no GPU): the GPU's samples reach each measurement, its bare engine's
     # timed in the worker process and the front ends' in theirs (tools/gpu_clocks.py)
     monkeypatch.setenv("PATH", fake_nvidia_smi.install(tmp_path / "bin"))
-    paths = "bare,bare-front-ends,bare-front-ends-stream"
+    paths = "bare,bare-front-ends,bare-front-ends-stream,bare-delayed"
     args = ["--deployment", str(_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "1,4"]
     args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
+    args += ["--bare-delay-ms", str(DELAY_MS)]
     assert main([*args, "--reps", "1", "--interleave", "--out", str(tmp_path / "out")]) == 0
     runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
     assert {(run["path"], run["concurrency"]) for run in runs} == {
@@ -69,3 +72,10 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
     # streams both processes ran 2 (a client that cannot attach never answers: its level fails)
     client_cpu = {run["concurrency"]: run["client_cpu_seconds"] for run in runs if run["path"] == "bare-front-ends"}
     assert client_cpu[4] > 0
+    # bare-delayed: the bare worker's engine, each request held back by the next of its seeded draws (seed 0) first.
+    # At one stream the level's 8 requests follow its warm-up request one by one, so their latencies add up to at
+    # least the 8 smallest of the first 9 draws.
+    rng = random.Random(0)
+    draws = sorted(rng.uniform(0.0, DELAY_MS / 1000) for _ in range(REQUESTS + 1))
+    (one_stream,) = [run for run in runs if run["path"] == "bare-delayed" and run["concurrency"] == 1]
+    assert sum(one_stream["latencies"]) >= sum(draws[:REQUESTS])

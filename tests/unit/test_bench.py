@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import selectors
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from tools.bench import (
     baseline_of,
     check_generated_tokens,
     close_all,
+    engine_groups,
     load_runs,
     measure,
     noise_lines,
@@ -33,7 +35,7 @@ from tools.bench import (
     token_shortfall,
     turn_order,
 )
-from tools.bench_clients import ClientSpec, LevelRun, ProcessPoolRunner, Prompt, Sample, run_level, split
+from tools.bench_clients import ClientSpec, LevelRun, ProcessPoolRunner, Prompt, Sample, delayed, run_level, split
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -340,6 +342,45 @@ def test_the_turn_puts_each_of_our_paths_beside_its_baseline_and_the_path_it_is_
     assert turn_order(["bare", "plain-grpc", "extra:entry_plain"]) == ["plain-grpc", "extra:entry_plain", "bare"]
     front_ends = ["bare", "bare-front-ends", "plain-grpc", "bare-stream", "bare-front-ends-stream", "stream-grpc"]
     assert sorted(turn_order(front_ends)) == sorted(front_ends)  # every path once, whatever the mix
+
+
+def test_the_delayed_bare_path_is_the_bare_workers_and_stands_beside_bare():
+    bare, shared, served, triton = engine_groups(["bare", "bare-delayed", "plain-grpc"])
+    assert (bare, shared, served, triton) == (["bare", "bare-delayed"], [], [], ["plain-grpc"])
+    assert baseline_of("bare-delayed") == "bare"
+    assert turn_order(["bare", "bare-delayed"]) == ["bare-delayed", "bare"]
+    assert turn_order(["bare", "bare-delayed", "plain-grpc"]) == ["bare-delayed", "plain-grpc", "bare"]
+
+
+def test_a_delayed_send_holds_each_request_back_by_its_seeded_draw_and_counts_the_hold():
+    max_delay, inner_latency = 0.03, 0.002
+    sent_after: list[float] = []
+    started: list[float] = []
+
+    async def inner(prompt: Prompt, max_tokens: int) -> Sample:
+        sent_after.append(time.perf_counter() - started[-1])
+        await asyncio.sleep(inner_latency)
+        return Sample(inner_latency, inner_latency / 2, max_tokens)
+
+    send = delayed(inner, max_delay, seed=7)
+
+    async def scenario() -> list[Sample]:
+        samples = []
+        for _ in range(12):  # one at a time: each hold is measured from its own start
+            started.append(time.perf_counter())
+            samples.append(await send(Prompt([1], "x"), 4))
+        return samples
+
+    samples = asyncio.run(scenario())
+    rng = random.Random(7)
+    draws = [rng.uniform(0.0, max_delay) for _ in range(12)]
+    assert len(set(draws)) == 12 and max(draws) <= max_delay
+    for draw, waited, sample in zip(draws, sent_after, samples, strict=True):
+        assert waited >= draw - 0.001  # the request went out only after its hold
+        held = sample.latency - inner_latency
+        assert held >= draw - 0.001  # and its latency counts the hold
+        assert sample.ttft == pytest.approx(held + inner_latency / 2)
+        assert sample.output_tokens == 4
 
 
 def test_a_results_file_loads_back_for_merging(tmp_path: Path):
