@@ -216,6 +216,16 @@ def client_of(path: str) -> str:
     return PATH_CLIENTS[path]
 
 
+BARE_DELAY_MS = 40.0  # --bare-delay-ms's default
+
+
+def recorded_client(path: str, bare_delay_ms: float) -> str:
+    """The client a run of `path` records: client_of's, bare-delayed's with its longest hold (runs with other holds
+    are not repetitions of one measurement, so --merge refuses to mix them as it refuses another client)."""
+    client = client_of(path)
+    return f"{client}-{bare_delay_ms:g}ms" if path == "bare-delayed" else client
+
+
 def is_streamed(path: str) -> bool:
     return path in STREAMED_PATHS or path.startswith("extra-stream:")
 
@@ -1208,8 +1218,10 @@ class ResultsFile:
         deployment: str,
         paths: Collection[str] = (),
         stagger_seconds: float = 0.0,
+        bare_delay_ms: float = BARE_DELAY_MS,
     ) -> None:
         self.path = path
+        self.bare_delay_ms = bare_delay_ms
         earlier = json.loads(path.read_text()) if merge and path.exists() else {}
         self.earlier = runs_of(earlier)
         staggers = sorted({r.stagger_seconds for r in self.earlier} - {stagger_seconds})
@@ -1219,14 +1231,12 @@ class ResultsFile:
                 f" command's is {stagger_seconds}; write to another --out"
             )
         for measured in paths:  # the paths this command will measure: one client per path and file
-            others = sorted(
-                {str(r.client) for r in self.earlier if r.path == measured and r.client != client_of(measured)}
-            )
+            client = recorded_client(measured, bare_delay_ms)
+            others = sorted({str(r.client) for r in self.earlier if r.path == measured and r.client != client})
             if others:
                 raise SystemExit(
                     f"bench: --merge: {path} holds runs of {measured} measured with client {', '.join(others)}"
-                    f" (None: not recorded, an older bench), this command's is {client_of(measured)}; write to"
-                    " another --out"
+                    f" (None: not recorded, an older bench), this command's is {client}; write to another --out"
                 )
         earlier_commands = earlier.get("commands", []) if self.earlier else []
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -1263,7 +1273,7 @@ class ResultsFile:
         return max(0, target - have)
 
     def add(self, result: LevelResult) -> None:
-        result.client = client_of(result.path)
+        result.client = recorded_client(result.path, self.bare_delay_ms)
         result.round_id = f"{len(self.commands) - 1}.{result.rep}"
         result.rep += self._earlier_repetitions(result.max_tokens, result.concurrency, result.path)
         self.results.append(result)
@@ -2053,7 +2063,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bare-delay-ms",
         type=float,
-        default=40.0,
+        default=BARE_DELAY_MS,
         metavar="MS",
         help="the bare-delayed path holds each request back a random 0 to MS ms before the engine gets it",
     )
@@ -2159,6 +2169,7 @@ def main(argv: list[str] | None = None) -> int:
         deployment=str(args.deployment or "deployments/default.yaml + BENCH_ENGINE_OVERRIDES"),
         paths=measured_paths(args),
         stagger_seconds=args.stagger_seconds,
+        bare_delay_ms=args.bare_delay_ms,
     )
     reps_of = repetitions_of(args, results)
     if not any(reps_of(level) for level in levels_for(args)):

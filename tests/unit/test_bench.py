@@ -462,6 +462,20 @@ def test_merging_refuses_runs_of_a_path_measured_with_another_client(tmp_path: P
     ResultsFile(target, merge=False, command="sixth", deployment="d.yaml", paths=["stream-grpc"])  # starts over
 
 
+def test_bare_delayed_runs_record_their_hold_and_merging_refuses_another(tmp_path: Path):
+    target = tmp_path / "results.json"
+    ResultsFile(target, merge=True, command="first", deployment="d.yaml", bare_delay_ms=60).add(
+        _run("bare-delayed", 100)
+    )
+    assert [r.client for r in load_runs(target)] == ["in-process-delayed-60ms"]
+    ResultsFile(target, merge=True, command="second", deployment="d.yaml", paths=["bare-delayed"], bare_delay_ms=60)
+    with pytest.raises(SystemExit, match="bare-delayed measured with client in-process-delayed-60ms .* in-process-d"):
+        ResultsFile(target, merge=True, command="third", deployment="d.yaml", paths=["bare-delayed"], bare_delay_ms=30)
+    # the other paths' clients do not depend on it
+    ResultsFile(target, merge=True, command="fourth", deployment="d.yaml", bare_delay_ms=30).add(_run("bare", 100))
+    assert [r.client for r in load_runs(target)] == ["in-process-delayed-60ms", "in-process"]
+
+
 def test_merging_refuses_runs_of_another_stagger(tmp_path: Path):
     from dataclasses import replace
 
