@@ -1,7 +1,7 @@
 """A pair of paths' paired ratio over every round of several benchmark runs, pooled per level.
 
     .venv/bin/python tools/pool_rounds.py FILE... [--pair bare,plain-grpc]... [--below 0.95] [--min-streams 64]
-        [--each]
+        [--each] [--by-speed N]
 
 FILE: tools/bench.py's results.json, or one of docs/gpu-bench-ab/*.json.xz. A round is one repetition of a level in
 one interleaved command (the two paths measured seconds apart); each round where both paths ran gives one ratio
@@ -19,6 +19,9 @@ other's, pooled the same way: a round's tok/s ratio is about the batch ratio ove
 hardly moves with the machine's slow spells, which lengthen the steps.
 --pair again for more pairs (a variant's model beside the deployment's: --pair plain-grpc,extra:c15_vllm_model);
 --each also lists every round's ratio, file by file. --below 0.9 for the streamed pair's target.
+--by-speed N also splits each level's rounds into N groups by how fast the pair ran (the machine's speed moves from
+round to round): per group the ratio and how many ms longer a request of the second path took. A cost fixed per
+request (or per wave) keeps its ms and lowers the ratio as the machine gets faster; a proportional one keeps the ratio.
 """
 
 from __future__ import annotations
@@ -44,15 +47,58 @@ def stagger_of(doc: dict) -> float:
     return max((run.stagger_seconds for run in runs_of(doc)), default=0.0)
 
 
-def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[Level, list[float]]:
-    """(max_tokens, concurrency, stagger) -> each round's tok/s of `second` over `first`, in the files' order."""
-    pooled: dict[Level, list[float]] = defaultdict(list)
+def pooled_rates(docs: list[dict], first: str, second: str, min_streams: int) -> dict[Level, list[tuple[float, float]]]:
+    """(max_tokens, concurrency, stagger) -> each round's tok/s of `first` and of `second`, in the files' order."""
+    pooled: dict[Level, list[tuple[float, float]]] = defaultdict(list)
     for doc in docs:
         stagger = stagger_of(doc)
         for (max_tokens, concurrency, _), paths in sorted(rounds_of(doc).items()):
             if concurrency >= min_streams and first in paths and second in paths:
-                pooled[(max_tokens, concurrency, stagger)].append(paths[second][1] / paths[first][1])
+                pooled[(max_tokens, concurrency, stagger)].append((paths[first][1], paths[second][1]))
     return pooled
+
+
+def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[Level, list[float]]:
+    """(max_tokens, concurrency, stagger) -> each round's tok/s of `second` over `first`, in the files' order."""
+    return {level: [b / a for a, b in rates] for level, rates in pooled_rates(docs, first, second, min_streams).items()}
+
+
+@dataclass(frozen=True)
+class SpeedGroup:
+    """Rounds of one level whose pair ran at about the same speed (the two paths' geometric mean tok/s)."""
+
+    slowest: float
+    fastest: float
+    rounds: int
+    geometric_mean: float  # of the ratio second / first
+    extra_ms: float  # a stream's mean time per request, second's minus first's
+
+
+def by_speed(level: Level, rates: list[tuple[float, float]], groups: int) -> list[SpeedGroup]:
+    """The level's rounds in `groups` groups by the pair's speed, slowest first. The speed is the geometric mean of
+    both paths' tok/s, not the first's alone: noise in the first path's rate would otherwise pull the ratio down in
+    its fast rounds by itself. A cost fixed per request (or per wave of them) shows as the same extra ms in every
+    group and a ratio that falls as the machine runs faster; a cost in proportion to the work, as the same ratio."""
+    max_tokens, concurrency, _ = level
+    ordered = sorted(rates, key=lambda pair: pair[0] * pair[1])
+    out = []
+    for index in range(groups):
+        own = ordered[index * len(ordered) // groups : (index + 1) * len(ordered) // groups]
+        if not own:
+            continue
+        speeds = [math.sqrt(a * b) for a, b in own]
+        # every stream has one request in flight: its time per request is streams x tokens / tok/s
+        extra = [1000 * concurrency * max_tokens * (1 / b - 1 / a) for a, b in own]
+        out.append(
+            SpeedGroup(
+                slowest=min(speeds),
+                fastest=max(speeds),
+                rounds=len(own),
+                geometric_mean=math.exp(statistics.fmean(math.log(b / a) for a, b in own)),
+                extra_ms=statistics.fmean(extra),
+            )
+        )
+    return out
 
 
 ENGINE_FIGURES = ("mean batch", "step time")
@@ -149,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--below", type=float, default=0.95, help="count the rounds whose ratio is below this")
     parser.add_argument("--min-streams", type=int, default=1, help="levels of at least this many streams")
     parser.add_argument("--each", action="store_true", help="also every round's ratio, file by file")
+    parser.add_argument(
+        "--by-speed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also each level's rounds in N groups by how fast the pair ran: a fixed cost per request against a"
+        " proportional one",
+    )
     args = parser.parse_args(argv)
     pairs = []
     for pair in args.pair or ["bare,plain-grpc"]:
@@ -161,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     for first, second in pairs:
         # each file's rounds once; the pooled list per level is theirs in the files' order
         per_file = [pooled_ratios([doc], first, second, args.min_streams) for doc in docs]
+        rates = pooled_rates(docs, first, second, args.min_streams)
         pooled: dict[Level, list[float]] = defaultdict(list)
         for own in per_file:
             for level, ratios in own.items():
@@ -189,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
                 for file, own_rounds in zip(args.files, per_file, strict=True):
                     if level in own_rounds:
                         print(f"    {file.name}: {' '.join(f'{r:.2f}' for r in own_rounds[level])}")
+            if args.by_speed:
+                for group in by_speed(level, rates[level], args.by_speed):
+                    print(
+                        f"    pair at {group.slowest:.0f}-{group.fastest:.0f} tok/s: {group.rounds} rounds, geometric"
+                        f" mean {group.geometric_mean:.3f}, a request {group.extra_ms:+.0f} ms"
+                    )
         for in_step, group in groups.items():
             name = "waves" if in_step else "out of step"
             pooled_group = together[in_step]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench import LevelResult
-from tools.pool_rounds import level_mean, main, pooled_over_levels, pooled_ratios
+from tools.pool_rounds import by_speed, level_mean, main, pooled_over_levels, pooled_ratios
 
 
 def _run(
@@ -107,6 +107,39 @@ def test_several_pairs_each_get_their_levels_and_each_lists_every_files_rounds(t
     captured = capsys.readouterr()
     assert "plain-grpc / bare per round" in captured.out
     assert "no round measured both bare and stream-grpc" in captured.err
+
+
+def test_by_speed_groups_a_levels_rounds_by_both_paths_speed_with_the_ms_a_request_took_longer():
+    rates = [(800, 760), (100, 90), (400, 400), (200, 180)]
+    slow, fast = by_speed((64, 256, 0.0), rates, groups=2)
+    assert (slow.rounds, fast.rounds) == (2, 2)
+    assert (slow.slowest, slow.fastest) == pytest.approx((math.sqrt(100 * 90), math.sqrt(200 * 180)))
+    assert slow.geometric_mean == pytest.approx(0.9)
+    assert fast.geometric_mean == pytest.approx(math.sqrt(0.95))
+    # 256 streams x 64 tokens: a request's time is 256 * 64 / tok/s seconds
+    per_request = 256 * 64 * 1000
+    assert slow.extra_ms == pytest.approx(
+        statistics.fmean([per_request * (1 / 90 - 1 / 100), per_request * (1 / 180 - 1 / 200)])
+    )
+    assert fast.extra_ms == pytest.approx(per_request * (1 / 760 - 1 / 800) / 2)
+    # the order goes by both paths' rates: a round whose first path alone ran fast is not the fastest
+    lopsided = by_speed((64, 256, 0.0), [(300, 100), (150, 250)], groups=2)
+    assert [g.geometric_mean for g in lopsided] == pytest.approx([100 / 300, 250 / 150])
+    # more groups than rounds: only the groups that hold a round
+    assert len(by_speed((64, 256, 0.0), rates[:1], groups=4)) == 1
+
+
+def test_by_speed_prints_each_levels_groups_under_the_level(tmp_path: Path, capsys):
+    file = tmp_path / "first.json"
+    file.write_text(json.dumps(FIRST))
+    assert main([str(file), "--min-streams", "64", "--by-speed", "2"]) == 0
+    out = capsys.readouterr().out
+    level, slow, fast = out.splitlines()[1:4]
+    assert level.startswith("  64 tokens x 64 streams: 2 rounds")
+    assert (
+        slow == "    pair at 95-95 tok/s: 1 rounds, geometric mean 0.900, a request +4551 ms"
+    )  # 64 x 64 x 1000 x (1/90 - 1/100)
+    assert fast == "    pair at 110-110 tok/s: 1 rounds, geometric mean 1.200, a request -6827 ms"
 
 
 def test_every_level_together_gives_a_geometric_mean_its_error_and_the_spread_within_a_level():
