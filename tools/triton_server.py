@@ -251,9 +251,23 @@ def interrupt_on_sigterm() -> None:
     process without running its `finally` blocks: the caller's servers lived on (on the H100 an orphaned benchmark
     server with ~14,000 threads made the next run fail, docs/performance-gpu.md). As a KeyboardInterrupt it unwinds
     through the `finally` blocks and context managers that stop them. Only the main thread may set a handler.
+
+    Only the first SIGTERM interrupts: GNU `timeout` sends it twice (to the command, then to its process group), and
+    a second KeyboardInterrupt raised while the first unwinds cut the benchmark's closing of its servers short on the
+    H200 (docs/performance-gpu.md, session 60). Later ones are let go, not ignored (SIG_IGN would pass on to the
+    processes started after it).
     """
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _interrupt_once)
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, _let_go)
+    signal.default_int_handler(signum, frame)
+
+
+def _let_go(signum: int, frame: Any) -> None:
+    """A SIGTERM after the first: the stop it asks for is already under way."""
 
 
 # Inputs and outputs only the internal models of a rendered repository have (core/interface.py)

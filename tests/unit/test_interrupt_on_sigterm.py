@@ -50,3 +50,24 @@ def test_a_handler_of_the_programs_own_is_kept():
         """
     )
     assert result.stdout.splitlines()[:2] == ["own handler", "went on"], result.stderr
+
+
+def test_a_second_sigterm_does_not_cut_the_unwinding_short():
+    # GNU `timeout` signals the command, then its process group: the second may arrive while the first unwinds
+    result = _run(
+        """
+        import os, signal, time
+        from tools.triton_server import interrupt_on_sigterm
+        interrupt_on_sigterm()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        except KeyboardInterrupt:
+            print("interrupted")
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            print("stopped the servers")
+        """
+    )
+    assert result.stdout.split() == ["interrupted", "stopped", "the", "servers"], result.stderr
