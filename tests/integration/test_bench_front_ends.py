@@ -61,13 +61,17 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
         assert len(run["latencies"]) == REQUESTS and all(latency > 0 for latency in run["latencies"])
         streamed = run["path"] == "bare-front-ends-stream"
         assert len(run["ttfts"]) == (REQUESTS if streamed else 0), run["path"]
-    # the samples inside each one-stream measurement (eight requests one after the other; a loaded level's two waves
-    # may fall between two samples), each the stand-in's reading
+    # the stand-in's samples inside the measurements, each its reading. Not in every one: a measurement can take less
+    # than 100 ms here, and on a loaded CI machine the stand-in may get no CPU for that long (a one-stream `bare`
+    # level once got none). The worker's longest (bare-delayed at one stream, its holds alone ~1.5 s) has them, and
+    # at least one of the front ends' processes' measurements (their spans are timed there, not in the worker).
     for run in runs:
         clocks = run["gpu_clocks"]
-        assert clocks is not None or run["concurrency"] > 1, run["path"]
         if clocks is not None:
             assert clocks["samples"] >= 1 and clocks["sm_mhz_median"] == fake_nvidia_smi.SM_MHZ, run["path"]
+    longest_in_worker = max((run for run in runs if run["path"] == "bare-delayed"), key=lambda run: run["wall"])
+    assert longest_in_worker["gpu_clocks"] is not None and longest_in_worker["wall"] > 1.0
+    assert any(run["gpu_clocks"] for run in runs if run["path"].startswith("bare-front-ends"))
     # Each client process's requests got outputs, so each one's client attached to the launcher's engine: at 4
     # streams both processes ran 2 (a client that cannot attach never answers: its level fails)
     client_cpu = {run["concurrency"]: run["client_cpu_seconds"] for run in runs if run["path"] == "bare-front-ends"}
