@@ -60,7 +60,11 @@ def pooled_rates(docs: list[dict], first: str, second: str, min_streams: int) ->
 
 def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[Level, list[float]]:
     """(max_tokens, concurrency, stagger) -> each round's tok/s of `second` over `first`, in the files' order."""
-    return {level: [b / a for a, b in rates] for level, rates in pooled_rates(docs, first, second, min_streams).items()}
+    return ratios_of(pooled_rates(docs, first, second, min_streams))
+
+
+def ratios_of(rates: dict[Level, list[tuple[float, float]]]) -> dict[Level, list[float]]:
+    return {level: [b / a for a, b in own] for level, own in rates.items()}
 
 
 @dataclass(frozen=True)
@@ -213,13 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     docs = [read(f) for f in args.files]
     missing = 0
     for first, second in pairs:
-        # each file's rounds once; the pooled list per level is theirs in the files' order
-        per_file = [pooled_ratios([doc], first, second, args.min_streams) for doc in docs]
         rates = pooled_rates(docs, first, second, args.min_streams)
-        pooled: dict[Level, list[float]] = defaultdict(list)
-        for own in per_file:
-            for level, ratios in own.items():
-                pooled[level].extend(ratios)
+        pooled = ratios_of(rates)  # per level, the files' rounds in the files' order
+        per_file = [pooled_ratios([doc], first, second, args.min_streams) for doc in docs] if args.each else []
         if not pooled:
             print(f"no round measured both {first} and {second}", file=sys.stderr)
             missing += 1
