@@ -43,7 +43,7 @@ def _deployment(folder: Path, model: Path) -> Path:
 
 
 def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path: Path, monkeypatch):
-    # A stand-in nvidia-smi (this machine has no GPU): the GPU's samples reach each measurement, its bare engine's
+    # A stand-in nvidia-smi (this machine has no GPU): the GPU's samples reach the measurements, the bare engine's
     # timed in the worker process and the front ends' in theirs (tools/gpu_clocks.py)
     monkeypatch.setenv("PATH", fake_nvidia_smi.install(tmp_path / "bin"))
     paths = "bare,bare-front-ends,bare-front-ends-stream,bare-delayed"
