@@ -34,21 +34,33 @@ class Cycle:
     latency: float  # the requests' mean latency
     p10: float
     p90: float
+    batch: float | None = None  # the engine's mean batch over the round (--profile), else None
+    streams: int = 0
 
     @property
     def between(self) -> float:
         return self.cycle - self.latency
+
+    @property
+    def outside(self) -> float | None:
+        """Little's law: the share of the streams not in the engine's batch, times the cycle."""
+        if self.batch is None or self.streams <= 0:
+            return None
+        return max(0.0, self.streams - self.batch) / self.streams * self.cycle
 
 
 def cycle_of(run: LevelResult) -> Cycle | None:
     """None for a level without its latencies or measured in slices."""
     if not run.latencies or run.slices > 1 or run.requests <= 0:
         return None
+    batch = (run.engine_steps or {}).get("running_mean")
     return Cycle(
         cycle=run.wall * run.concurrency / run.requests,
         latency=statistics.fmean(run.latencies),
         p10=percentile(run.latencies, 10) or 0.0,
         p90=percentile(run.latencies, 90) or 0.0,
+        batch=float(batch) if batch else None,
+        streams=run.concurrency,
     )
 
 
@@ -65,8 +77,8 @@ def cycles(runs: list[LevelResult], paths: list[str] | None, min_streams: int) -
     return found
 
 
-def _ms(values: list[float]) -> str:
-    return " / ".join(f"{1000 * v:.0f}" for v in values)
+def _ms(values: list[float | None]) -> str:
+    return " / ".join("-" if v is None else f"{1000 * v:.0f}" for v in values)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,15 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         print("no level with its requests' latencies matched", file=sys.stderr)
         return 1
-    print("ms per round: cycle (a stream's time per request) = mean latency + between requests; latency p10-p90")
+    print(
+        "ms per round: cycle (a stream's time per request) = mean latency + between requests; latency p10-p90;"
+        " outside: of the cycle, out of the engine's batch (profiled rounds)"
+    )
     for (max_tokens, concurrency, stagger), by_path in sorted(found.items()):
         out_of_step = f", out of step by {stagger:g} s" if stagger else ""
         print(f"{max_tokens} tokens x {concurrency} streams{out_of_step}")
         for path, rounds in sorted(by_path.items()):
+            outside = [c.outside for c in rounds]
             print(
                 f"  {path:<24} cycle {_ms([c.cycle for c in rounds])}  latency {_ms([c.latency for c in rounds])}"
                 f"  between {_ms([c.between for c in rounds])}"
                 f"  p10-p90 {min(c.p10 for c in rounds) * 1000:.0f}-{max(c.p90 for c in rounds) * 1000:.0f}"
+                + (f"  outside {_ms(outside)}" if any(v is not None for v in outside) else "")
             )
     return 0
 

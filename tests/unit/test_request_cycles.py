@@ -61,3 +61,19 @@ def test_it_prints_each_paths_rounds_in_ms(tmp_path: Path, capsys):
     assert "  plain-grpc               cycle 1200  latency 1180  between 20  p10-p90 1180-1180" in out
     assert main([str(file), "--paths", "vllm-serve"]) == 1
     assert "no level with its requests' latencies matched" in capsys.readouterr().err
+
+
+def test_outside_the_batch_is_the_share_of_streams_not_in_it_times_the_cycle(tmp_path: Path, capsys):
+    # 4 streams, a 1.0 s cycle, 3 of them in the engine's batch on average: each stream 0.25 s a cycle outside it
+    profiled = _run("plain-grpc", 2.0, [0.9] * 8, engine_steps={"running_mean": 3.0})
+    cycle = cycle_of(profiled)
+    assert cycle is not None and cycle.outside == pytest.approx(0.25)
+    unprofiled = cycle_of(_run("bare", 2.0, [0.9] * 8))
+    assert unprofiled is not None and unprofiled.outside is None
+    doc = {"runs": [asdict(_run("bare", 2.0, [0.9] * 8)), asdict(profiled)]}
+    file = tmp_path / "results.json"
+    file.write_text(json.dumps(doc))
+    assert main([str(file), "--min-streams", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if "plain-grpc" in line][0].endswith("outside 250")
+    assert "outside" not in [line for line in lines if line.startswith("  bare")][0]
