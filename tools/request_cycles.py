@@ -34,33 +34,28 @@ class Cycle:
     latency: float  # the requests' mean latency
     p10: float
     p90: float
-    batch: float | None = None  # the engine's mean batch over the round (--profile), else None
-    streams: int = 0
+    # of the cycle, out of the engine's batch (a --profile round, which has the engine's mean batch), else None
+    outside: float | None = None
 
     @property
     def between(self) -> float:
         return self.cycle - self.latency
-
-    @property
-    def outside(self) -> float | None:
-        """Little's law: the share of the streams not in the engine's batch, times the cycle."""
-        if self.batch is None or self.streams <= 0:
-            return None
-        return max(0.0, self.streams - self.batch) / self.streams * self.cycle
 
 
 def cycle_of(run: LevelResult) -> Cycle | None:
     """None for a level without its latencies or measured in slices."""
     if not run.latencies or run.slices > 1 or run.requests <= 0:
         return None
+    cycle = run.wall * run.concurrency / run.requests
     batch = (run.engine_steps or {}).get("running_mean")
+    # Little's law: the share of the streams not in the engine's batch, times the cycle
+    outside = None if batch is None else max(0.0, run.concurrency - batch) / run.concurrency * cycle
     return Cycle(
-        cycle=run.wall * run.concurrency / run.requests,
+        cycle=cycle,
         latency=statistics.fmean(run.latencies),
         p10=percentile(run.latencies, 10) or 0.0,
         p90=percentile(run.latencies, 90) or 0.0,
-        batch=float(batch) if batch else None,
-        streams=run.concurrency,
+        outside=outside,
     )
 
 
