@@ -149,6 +149,8 @@ from tools.bench_clients import (  # noqa: E402
 )
 from tools.build_tiny_model import DEFAULT_OUT as TINY_MODEL  # noqa: E402
 from tools.build_tiny_model import build as build_tiny_model  # noqa: E402
+from tools.cpu_busy import CpuBusySampler  # noqa: E402
+from tools.cpu_busy import summarize as summarize_cpu_busy  # noqa: E402
 from tools.gpu_clocks import GpuClockSampler  # noqa: E402
 from tools.gpu_clocks import describe as describe_gpu_clocks  # noqa: E402
 from tools.gpu_clocks import summarize as summarize_gpu_clocks  # noqa: E402
@@ -308,6 +310,9 @@ class LevelResult:
     # the GPU's clocks, power and temperature while it was measured (tools/gpu_clocks.py; None without nvidia-smi,
     # or in results written before they were recorded); a sliced level's slices together
     gpu_clocks: dict[str, Any] | None = None
+    # --cpu-busy: how many CPUs (the engine's loop's left out) were busy at once while it was measured
+    # (tools/cpu_busy.py); None without the flag
+    cpu_busy: dict[str, Any] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -1872,10 +1877,14 @@ async def measure_all(
 
     sliced = SlicedLevels()
     gpu_clocks = GpuClockSampler()
+    cpu_busy = CpuBusySampler() if args.cpu_busy else None
 
     async def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
+        span = measured.pop("span")
+        if cpu_busy is not None:  # not with slices (refused): each slice is its own stretch of time
+            measured["cpu_busy"] = summarize_cpu_busy(cpu_busy.between(*span), setup.engine_cpus)
         # waits for the window's last samples (GpuClockSampler.between): in a thread, the loop left free meanwhile
-        measured["gpu_samples"] = await asyncio.to_thread(gpu_clocks.between, *measured.pop("span"))
+        measured["gpu_samples"] = await asyncio.to_thread(gpu_clocks.between, *span)
         whole = sliced.complete(path, rep, level, measured)
         if whole is None:  # a slice of a level whose path has slices to come
             return
@@ -1926,6 +1935,8 @@ async def measure_all(
         await group.open()
 
     gpu_clocks.start()
+    if cpu_busy is not None:
+        cpu_busy.start()
     try:
         if args.interleave:  # every engine up (one after the other) before the first level
             for group in groups:
@@ -1944,6 +1955,8 @@ async def measure_all(
             await close_all(group.close for group in reversed(opened))
         finally:
             gpu_clocks.stop()
+            if cpu_busy is not None:
+                cpu_busy.stop()
     progress.close()
 
 
@@ -2075,6 +2088,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --profile: py-spy samples only the thread holding each interpreter's GIL (its Python time)",
     )
     parser.add_argument(
+        "--cpu-busy",
+        action="store_true",
+        help="how many CPUs were busy at once in each measurement, from /proc/stat every 20 ms (tools/cpu_busy.py)",
+    )
+    parser.add_argument(
         "--profile-level",
         type=profile_level_argument,
         metavar="STREAMSxTOKENS",
@@ -2158,6 +2176,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--one-stream-slices must be 1 or more")
     if args.one_stream_slices > 1 and (not args.interleave or args.profile):
         parser.error("--one-stream-slices takes the turn of --interleave, and --profile's readings are per level")
+    if args.cpu_busy and args.one_stream_slices > 1:
+        parser.error("--cpu-busy reads one stretch of time per measurement: not with --one-stream-slices")
     if args.profile_gil and not args.profile:
         parser.error("--profile-gil chooses how --profile's py-spy samples: it needs --profile")
     args.variables = dict(args.set)
