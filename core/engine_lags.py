@@ -6,7 +6,9 @@ last token ended (`last_token_ts`). Both are `time.monotonic()` in the EngineCor
 the system's, so they compare with the consumer's own. `EngineLags` adds up, between snapshots:
 
 - intake: from the moment the request was handed over (the core's `execute`, the bare client's call) until the
-  EngineCore queued it: the front end's input handling and the trip to the EngineCore;
+  EngineCore queued it: the front end's input handling and the trip to the EngineCore; of it, the hand-over: until
+  vLLM's front end took the request's inputs in (its `arrival_time`, by the wall clock: converted here), the time
+  the request waited for the front end's event loop;
 - return: from the end of the step that made an output until its consumer has it: the trip back, vLLM's output
   handling for the whole step, and the wait for the consumer's coroutine to run;
 - and, from each finished request's timestamps, its time inside the EngineCore: queue (queued until first
@@ -39,6 +41,8 @@ class LagSnapshot:
     queue_ms: float = 0.0
     prefill_ms: float = 0.0
     token_ms: float = 0.0  # per token after the first
+    handed: int = 0  # requests whose hand-over was measured (vLLM's arrival_time known), and its mean
+    handover_ms: float = 0.0
 
     def describe(self) -> str:
         """One log line; `parse_line` reads it back."""
@@ -46,7 +50,8 @@ class LagSnapshot:
             f"engine lags: intake {self.intake_ms:.2f} ms mean over {self.requests} requests,"
             f" return {self.return_ms:.2f} ms mean over {self.outputs} outputs;"
             f" inside: queue {self.queue_ms:.2f} ms, prefill {self.prefill_ms:.2f} ms,"
-            f" {self.token_ms:.3f} ms per token, means over {self.finished} finished requests"
+            f" {self.token_ms:.3f} ms per token, means over {self.finished} finished requests;"
+            f" hand-over {self.handover_ms:.2f} ms mean over {self.handed} requests"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,6 +63,7 @@ _LINE = re.compile(
     r" return (?P<return_ms>-?[\d.]+) ms mean over (?P<outputs>\d+) outputs;"
     r" inside: queue (?P<queue_ms>-?[\d.]+) ms, prefill (?P<prefill_ms>-?[\d.]+) ms,"
     r" (?P<token_ms>-?[\d.]+) ms per token, means over (?P<finished>\d+) finished requests"
+    r"(?:; hand-over (?P<handover_ms>-?[\d.]+) ms mean over (?P<handed>\d+) requests)?"  # absent from older lines
 )
 
 
@@ -75,6 +81,8 @@ def parse_line(line: str) -> LagSnapshot | None:
         queue_ms=float(fields["queue_ms"]),
         prefill_ms=float(fields["prefill_ms"]),
         token_ms=float(fields["token_ms"]),
+        handed=int(fields["handed"] or 0),
+        handover_ms=float(fields["handover_ms"] or 0.0),
     )
 
 
@@ -98,6 +106,8 @@ def combine(snapshots: list[LagSnapshot]) -> LagSnapshot | None:
         queue_ms=weighted("queue_ms", "finished"),
         prefill_ms=weighted("prefill_ms", "finished"),
         token_ms=weighted("token_ms", "finished"),
+        handed=sum(snap.handed for snap in snapshots),
+        handover_ms=weighted("handover_ms", "handed"),
     )
 
 
@@ -113,6 +123,8 @@ class _Totals:
     queue: float = 0.0
     prefill: float = 0.0
     per_token: float = 0.0
+    handed: int = 0
+    handover: float = 0.0
 
 
 class EngineLags:
@@ -133,6 +145,9 @@ class EngineLags:
         scheduled = getattr(metrics, "scheduled_ts", 0.0) or 0.0
         first_token = getattr(metrics, "first_token_ts", 0.0) or 0.0
         tokens = getattr(metrics, "num_generation_tokens", 0) or 0
+        # vLLM's front end stamps arrival by the wall clock: on this process's monotonic clock
+        arrival = getattr(metrics, "arrival_time", 0.0) or 0.0
+        arrived = arrival - (time.time() - now) if arrival > 0 else 0.0
         with self._lock:
             totals = self._totals
             if last_token > 0:
@@ -141,6 +156,9 @@ class EngineLags:
             if first and queued > 0:
                 totals.requests += 1
                 totals.intake += queued - submitted
+            if first and arrived > 0:
+                totals.handed += 1
+                totals.handover += arrived - submitted
             if finished and tokens > 1 and 0 < queued <= scheduled <= first_token <= last_token:
                 totals.finished += 1
                 totals.queue += scheduled - queued
@@ -160,4 +178,6 @@ class EngineLags:
             queue_ms=1000 * mean(totals.queue, totals.finished),
             prefill_ms=1000 * mean(totals.prefill, totals.finished),
             token_ms=1000 * mean(totals.per_token, totals.finished),
+            handed=totals.handed,
+            handover_ms=1000 * mean(totals.handover, totals.handed),
         )

@@ -1453,6 +1453,7 @@ def engine_lag_columns(lags: list[dict[str, Any]]) -> dict[str, float | None]:
 
     return {
         "engine_intake_ms": median("intake_ms", "requests"),
+        "engine_handover_ms": median("handover_ms", "handed"),
         "engine_return_ms": median("return_ms", "outputs"),
         "engine_queue_ms": median("queue_ms", "finished"),
         "engine_prefill_ms": median("prefill_ms", "finished"),
@@ -1500,8 +1501,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print("\nthe engine's steps over each level (--profile; median of the repetitions):")
         print(
             f"{'path':<22}{'max_tok':>8}{'conc':>6}{'running':>9}{'steps/s':>9}{'ratio':>7}"
-            f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}{'intake':>8}{'return':>8}"
-            f"{'queue':>7}{'1st tok':>8}{'ms/tok':>8}{'step ms':>8}{'prompt':>7}{'cached':>7}"
+            f"{'prefill':>9}{'decode/s':>9}{'ratio':>7}{'wait ms':>9}{'cpu ms':>8}{'intake':>8}{'handed':>8}"
+            f"{'return':>8}{'queue':>7}{'1st tok':>8}{'ms/tok':>8}{'step ms':>8}{'prompt':>7}{'cached':>7}"
         )
         by_key = {(row["path"], row["max_tokens"], row["concurrency"]): row for row in engine_rows}
         for row in engine_rows:
@@ -1516,7 +1517,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{_fmt(ratio, '.2f'):>7}"
                 f"{_fmt(row.get('engine_prefill_share'), '.2f'):>9}{_fmt(decode_rate, '.1f'):>9}"
                 f"{_fmt(decode_ratio, '.2f'):>7}{_fmt(wait, '.2f'):>9}{_fmt(cpu, '.2f'):>8}"
-                f"{_fmt(row.get('engine_intake_ms'), '.1f'):>8}{_fmt(row.get('engine_return_ms'), '.1f'):>8}"
+                f"{_fmt(row.get('engine_intake_ms'), '.1f'):>8}{_fmt(row.get('engine_handover_ms'), '.1f'):>8}"
+                f"{_fmt(row.get('engine_return_ms'), '.1f'):>8}"
                 f"{_fmt(row.get('engine_queue_ms'), '.1f'):>7}{_fmt(row.get('engine_prefill_ms'), '.1f'):>8}"
                 f"{_fmt(row.get('engine_token_ms'), '.2f'):>8}{_fmt(row.get('engine_step_ms'), '.2f'):>8}"
                 f"{_fmt(row.get('engine_prompt_computed'), '.0f'):>7}"
@@ -1527,7 +1529,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             " steps that computed prompt tokens; decode/s: decode-only steps per second (ratio to the baseline's);"
             " wait ms: the EngineCore's wait for the model's result per decode step; cpu ms: the rest of a decode step;"
             " intake: ms from handing a request to vLLM (the core's execute, the bare client's call) until the"
-            " EngineCore queued it; return: ms from the end of the step that made an output until its consumer had it;"
+            " EngineCore queued it; handed: of it, ms until vLLM's front end began taking the request's inputs in;"
+            " return: ms from the end of the step that made an output until its consumer had it;"
             " inside the EngineCore, per finished request: queue: ms from queued to first scheduled, 1st tok: from"
             " then until the step that made its first token ended, ms/tok: per token after the first (means, by the"
             " EngineCore's clock); step ms: the repetition's wall time over the engine's steps in it (for a core with"

@@ -64,3 +64,30 @@ def test_the_log_line_reads_back_and_intervals_combine_weighted_by_their_counts(
     assert both.intake_ms == pytest.approx(3.0) and both.return_ms == pytest.approx(2.0)
     assert (both.queue_ms, both.prefill_ms, both.token_ms) == pytest.approx((2.0, 25.0, 7.0))
     assert combine([LagSnapshot(0, 0.0, 0, 0.0)]) is None
+
+
+def test_the_hand_over_is_the_wait_until_vllms_front_end_stamped_arrival_by_the_wall_clock():
+    lags = EngineLags()
+    now = time.monotonic()
+    submitted = now - 0.050
+    # vLLM's front end took the inputs in 30 ms after the hand-over (wall clock), the EngineCore queued it 5 ms later
+    arrival = time.time() - 0.020
+    stats = SimpleNamespace(arrival_time=arrival, queued_ts=now - 0.015, last_token_ts=now - 0.001)
+    lags.output(stats, submitted, first=True)
+    lags.output(stats, submitted, first=False)  # only a request's first output counts
+    lags.output(SimpleNamespace(queued_ts=now - 0.015, last_token_ts=now), submitted, first=True)  # no arrival_time
+    snap = lags.snapshot()
+    assert (snap.requests, snap.handed) == (2, 1)
+    assert snap.handover_ms == pytest.approx(30.0, abs=2.0)  # the two clocks read a moment apart
+    assert snap.intake_ms == pytest.approx(35.0, abs=0.01)
+
+
+def test_lines_without_the_hand_over_still_read_and_combine_weights_it_by_its_own_count():
+    with_it = LagSnapshot(
+        2, 30.0, 4, 10.0, finished=2, queue_ms=1.0, prefill_ms=20.0, token_ms=6.0, handed=2, handover_ms=12.0
+    )
+    assert parse_line(with_it.describe()) == with_it
+    older = with_it.describe().split("; hand-over")[0]
+    assert parse_line(older) == LagSnapshot(2, 30.0, 4, 10.0, finished=2, queue_ms=1.0, prefill_ms=20.0, token_ms=6.0)
+    both = combine([with_it, parse_line(older), LagSnapshot(1, 10.0, 0, 0.0, handed=1, handover_ms=3.0)])
+    assert both.handed == 3 and both.handover_ms == pytest.approx(9.0)
