@@ -521,8 +521,9 @@ class Engine:
                 if sampling.n > 1:
                     every_sequence(response, sampling.n, last, sampling.logprobs is not None)
                 emit(response, None, finished)
-                if finished:
-                    return
+            # No return at the finished output: vLLM's generator then ends by itself. One left suspended there is
+            # closed by the event loop's async-generator finalizer (a self-pipe write, a task, and vLLM's abort path
+            # for a request it has already forgotten): per request, on the loop that takes the next wave in.
             if not finished:  # the stream ended without a final output (aborted)
                 emit(None, Unavailable("the request was aborted by the engine"), True)
         except InvalidInput as exc:

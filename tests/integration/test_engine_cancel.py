@@ -82,3 +82,29 @@ def test_cancel_by_key_and_an_abort_that_comes_first(engine):
     assert early.done.wait(10)
     assert len(early.calls) == 1 and isinstance(early.calls[0][1], Unavailable)
     assert _running(engine) == 0
+
+
+def test_a_request_that_finishes_is_not_aborted_afterwards(engine, monkeypatch):
+    """vLLM's generator of a finished request runs to its end: one left suspended at its last output would be closed
+    by the event loop's async-generator finalizer, which runs vLLM's abort path for every request (a task and a
+    self-pipe write each, on the loop that takes the next requests in)."""
+    aborted: list[object] = []
+    original = engine._llm.abort
+
+    async def counting_abort(request_id, *args, **kwargs):
+        aborted.append(request_id)
+        return await original(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(engine._llm, "abort", counting_abort)
+    short = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
+    collectors = []
+    for stream in (False, True, False):
+        out = Collector()
+        engine.submit(EngineRequest(sampling=dict(short), prompt_token_ids=[1, 2, 3], stream=stream), out, None)
+        collectors.append(out)
+    for out in collectors:
+        assert out.done.wait(30)
+        assert out.calls[-1][1] is None and out.calls[-1][2]  # a final response, no error
+    time.sleep(0.5)  # a finalizer's aclose task would have run by now
+    assert aborted == []
+    assert _running(engine) == 0
