@@ -270,3 +270,18 @@ def test_any_tensor_text_is_accepted_or_rejected_with_a_message(text):
         validate_sampling(text, {})
     except InvalidInput as exc:
         assert str(exc)
+
+
+def test_the_cores_sampling_params_are_copied_shallowly_by_vllm():
+    """Built afresh for each request and never reused, so vLLM's input processing may copy them shallowly (as vLLM's
+    own OpenAI server asks) instead of deep-copying them."""
+    from core.protocol import EngineRequest
+    from core.vllm_io import sampling_params
+
+    stop = ["</s>", "END"]
+    request = EngineRequest(sampling={"max_tokens": 8, "stop": stop})
+    params = sampling_params(request, offload_detokenization=True)
+    assert params.skip_clone
+    clone = params.clone()
+    assert clone is not params and clone.max_tokens == 8 and clone.stop == ["</s>", "END"]
+    assert sampling_params(request, offload_detokenization=True) is not params  # a new one each time
