@@ -34,11 +34,12 @@ class TokenWindows:
         self.sync_ids = sync_ids
         # logprobs' decoded tokens look back at up to LOGPROB_CONTEXT sampled tokens (vLLM's rule)
         self.lookback = LOGPROB_CONTEXT if logprobs else 1
-        self._prompt_syncs = [i for i, t in enumerate(self.prompt) if t in sync_ids]
-        if self.prompt and self.prompt[-1] not in sync_ids:
-            # The prompt's text may end in U+FFFD: DecodeStream then holds the whole prompt as not yet emitted, and
-            # vLLM's first emission repeats all of it (measured). Until an output sync token, send the whole prompt.
-            self._prompt_syncs = []
+        # A sequence's first window starts at the prompt's last sync position (next_window's limit only grows), and
+        # only a prompt that ends in a sync token has one to start from: the prompt's text may otherwise end in
+        # U+FFFD, DecodeStream then holds the whole prompt as not yet emitted, and vLLM's first emission repeats all
+        # of it (measured). Until an output sync token, send the whole prompt. (No scan of the prompt: per request,
+        # on the engine loop.)
+        self._prompt_syncs = [len(self.prompt) - 1] if self.prompt and self.prompt[-1] in sync_ids else []
         # sequence index -> (output ids so far, sync positions in prompt + output that may still be needed)
         self._sequences: dict[int, tuple[list[int], list[int]]] = {}
 
