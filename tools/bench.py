@@ -6,7 +6,7 @@ same model, engine args and engine environment (those of one deployment file).
         [--also-deployment FILE] [--variant PREFIX KEY=VALUE...] [--extra-model NAME] [--extra-stream-model NAME]
         [--vllm-backend DIR]
         [--merge [--fill-to 3]]
-        [--interleave [--one-stream-slices 8]] [--profile [--profile-gil]] [--quick]
+        [--interleave [--one-stream-slices 8]] [--profile [--profile-gil]] [--cpu-busy] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
         [--background-load-alternate] [--out .bench] [--report]
 
@@ -91,7 +91,9 @@ step; a core with several front ends counts its steps without their rates), and 
 of every Python process of the server (and of the bare engine's worker) during the largest level, or the one
 --profile-level names; tools/profile_summary.py prints their busiest functions. With --profile-gil py-spy samples
 only the thread that holds each interpreter's GIL: where a process's Python time goes, the waits that release the
-GIL (for it, for I/O) left out but those that hold it counted (Triton's stub after each execute).
+GIL (for it, for I/O) left out but those that hold it counted (Triton's stub after each execute). --cpu-busy reads
+/proc/stat every 20 ms and keeps, per level, how many CPUs (the engine loop's left out) were busy at once
+(tools/cpu_busy.py prints it): whether a wave's boundary fills the machine.
 Results go to OUT/results.json (rewritten after every level, so a command stopped by a time limit or a dead server keeps
 what it measured; it then exits 1) and OUT/bench.png. --background-load N keeps N CPUs busy for the whole run, to see
 how much the engine's own steps slow down when the host's other CPUs are busy (as a server and its clients keep them);
