@@ -1887,7 +1887,7 @@ async def measure_all(
     async def record(path: str, rep: int, level: dict[str, Any], measured: dict[str, Any]) -> None:
         span = measured.pop("span")
         if cpu_busy is not None:  # not with slices (refused): each slice is its own stretch of time
-            measured["cpu_busy"] = summarize_cpu_busy(cpu_busy.between(*span), setup.engine_cpus)
+            measured["cpu_busy"] = summarize_cpu_busy(cpu_busy.take(*span), setup.engine_cpus)
         # waits for the window's last samples (GpuClockSampler.between): in a thread, the loop left free meanwhile
         measured["gpu_samples"] = await asyncio.to_thread(gpu_clocks.between, *span)
         whole = sliced.complete(path, rep, level, measured)

@@ -92,8 +92,9 @@ def summarize(samples: Sequence[Sample], excluded: Collection[int] = ()) -> dict
 
 
 class CpuBusySampler:
-    """/proc/stat read every SAMPLE_MS in a thread while the benchmark runs; `between(start, end)` gives the samples
-    of a time window."""
+    """/proc/stat read every SAMPLE_MS in a thread while the benchmark runs; `take(start, end)` gives the samples of
+    a time window and forgets every sample up to its end (the benchmark's windows come one after the other), so a
+    long run does not keep them all."""
 
     def __init__(self, sample_ms: int = SAMPLE_MS) -> None:
         self.sample_ms = sample_ms
@@ -126,9 +127,11 @@ class CpuBusySampler:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def between(self, start: float, end: float) -> list[Sample]:
+    def take(self, start: float, end: float) -> list[Sample]:
         with self._lock:
-            return [sample for sample in self.samples if start <= sample.at <= end]
+            window = [sample for sample in self.samples if start <= sample.at <= end]
+            self.samples = [sample for sample in self.samples if sample.at > end]
+        return window
 
 
 def describe(summary: dict[str, Any]) -> str:

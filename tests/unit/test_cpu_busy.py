@@ -59,11 +59,13 @@ def test_the_sampler_reads_this_machines_proc_stat():
     start = time.time()
     assert sampler.start()
     deadline = time.monotonic() + 5
-    while len(sampler.between(start, time.time())) < 4 and time.monotonic() < deadline:
+    while len(sampler.samples) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     sampler.stop()
-    samples = sampler.between(start, time.time())
+    end = time.time()
+    samples = sampler.take(start, end)
     assert len(samples) >= 4
+    assert sampler.samples == [] and sampler.take(start, end) == []  # a window taken is forgotten
     assert [s.at for s in samples] == sorted(s.at for s in samples)
     summary = summarize(samples)
     assert summary is not None and summary["cpus"] == len(samples[0].ticks) >= 1
