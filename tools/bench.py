@@ -313,7 +313,7 @@ class LevelResult:
     # or in results written before they were recorded); a sliced level's slices together
     gpu_clocks: dict[str, Any] | None = None
     # --cpu-busy: how many CPUs (the engine's loop's left out) were busy at once while it was measured
-    # (tools/cpu_busy.py); None without the flag
+    # (tools/cpu_busy.py); None without the flag, or for a level shorter than two readings (~40 ms)
     cpu_busy: dict[str, Any] | None = None
 
     @property

@@ -10,7 +10,8 @@ else: a stub's interpreter lock, a queue) is read here: a thread reads /proc/sta
 measurement keeps, over the CPUs the engine's loop does not own, how many were busy per interval: the mean, the
 busiest intervals, the share of intervals with nearly all of them busy and the longest such stretch. /proc/stat
 counts in clock ticks (10 ms on Linux), so one interval of one CPU reads 0, a half or 1: the figures are over many
-intervals. No /proc/stat: nothing is sampled, nothing recorded. Triton-free and vLLM-free.
+intervals; a level shorter than two readings (~40 ms) gets none. No /proc/stat: nothing is sampled, nothing
+recorded. Triton-free and vLLM-free.
 """
 
 from __future__ import annotations

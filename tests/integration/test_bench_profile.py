@@ -1,6 +1,6 @@
 """tools/bench.py --profile on the real engine and server: the bare engine and the core both report the engine's
 steps over each level (core/step_stats.py) and the trips to and from the EngineCore (core/engine_lags.py), so a
-served path's batch and front end can be put beside the bare engine's."""
+served path's batch and front end can be put beside the bare engine's; --cpu-busy adds each level's busy CPUs."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ pytestmark = pytest.mark.server
 
 
 def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_path: Path, capsys):
-    args = ["--paths", "bare,plain-grpc", "--levels", "4", "--max-tokens", "8", "--reps", "1", "--quick"]
-    assert main([*args, "--profile", "--out", str(tmp_path)]) == 0
+    # 64 requests a level: long enough (~0.3 s here) for --cpu-busy's readings every 20 ms
+    args = ["--paths", "bare,plain-grpc", "--levels", "4", "--max-tokens", "8", "--reps", "1"]
+    args += ["--requests-per-stream", "16", "--max-requests", "64"]
+    assert main([*args, "--profile", "--cpu-busy", "--out", str(tmp_path)]) == 0
     runs = {run["path"]: run for run in json.loads((tmp_path / "results.json").read_text())["runs"]}
     bare, served = runs["bare"]["engine_steps"], runs["plain-grpc"]["engine_steps"]
     # The bare engine's count covers exactly the level: every request's every token, in steps of at most 4.
@@ -37,6 +39,8 @@ def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_
     )
     for lags in (bare_lags, served_lags):
         assert 0 < lags["intake_ms"] < 10_000 and 0 < lags["return_ms"] < 10_000, lags
+        # of the intake, the hand-over until vLLM's front end took the request in (by the wall clock: a little jitter)
+        assert lags["handed"] == lags["requests"] and -1 < lags["handover_ms"] <= lags["intake_ms"], lags
     # and the time inside it of every finished request: in the scheduler's queue, until its first token, per token
     assert bare_lags["finished"] == runs["bare"]["requests"]
     assert served_lags["finished"] >= runs["plain-grpc"]["requests"]
@@ -47,6 +51,10 @@ def test_profile_reports_the_engines_steps_for_the_bare_engine_and_the_core(tmp_
     core_lines = runs["plain-grpc"]["core_stats"]
     assert core_lines, "no counter line of the core's over the level"
     assert all(line.startswith("vllm_core stats: ") and "first responses" in line for line in core_lines)
+    # --cpu-busy: each level's busy CPUs, read every 20 ms while it ran
+    for run in runs.values():
+        busy = run["cpu_busy"]
+        assert busy["intervals"] >= 1 and busy["cpus"] >= 1 and 0 <= busy["mean_busy"] <= busy["cpus"], busy
     # and vLLM's line per iteration is kept out of the logs
     assert "Iteration(" not in (tmp_path / "triton.log").read_text()
     assert "Iteration(" not in (tmp_path / "bare.log").read_text()
