@@ -145,8 +145,8 @@ class EngineLags:
         scheduled = getattr(metrics, "scheduled_ts", 0.0) or 0.0
         first_token = getattr(metrics, "first_token_ts", 0.0) or 0.0
         tokens = getattr(metrics, "num_generation_tokens", 0) or 0
-        # vLLM's front end stamps arrival by the wall clock: on this process's monotonic clock
-        arrival = getattr(metrics, "arrival_time", 0.0) or 0.0
+        # vLLM's front end stamps arrival by the wall clock: on this process's monotonic clock (first outputs only)
+        arrival = (getattr(metrics, "arrival_time", 0.0) or 0.0) if first else 0.0
         arrived = arrival - (time.time() - now) if arrival > 0 else 0.0
         with self._lock:
             totals = self._totals
@@ -156,7 +156,7 @@ class EngineLags:
             if first and queued > 0:
                 totals.requests += 1
                 totals.intake += queued - submitted
-            if first and arrived > 0:
+            if arrived > 0:
                 totals.handed += 1
                 totals.handover += arrived - submitted
             if finished and tokens > 1 and 0 < queued <= scheduled <= first_token <= last_token:

@@ -28,12 +28,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.machine_facts import read_cpu_times  # noqa: E402
+from tools.machine_facts import busy_ticks, read_cpu_times  # noqa: E402
 
 SAMPLE_MS = 20
 # An interval counts as saturated when at least this share of the CPUs counted were busy through it
 SATURATED = 0.9
-IDLE_COLUMNS = (3, 4, 7)  # /proc/stat's idle, iowait and steal: neither ours nor the server's work
 
 
 @dataclass(frozen=True)
@@ -43,11 +42,7 @@ class Sample:
 
 
 def reading(at: float, times: dict[str, list[int]]) -> Sample:
-    ticks = {}
-    for cpu, columns in times.items():
-        total = sum(columns)
-        ticks[int(cpu)] = (total - sum(columns[i] for i in IDLE_COLUMNS if i < len(columns)), total)
-    return Sample(at, ticks)
+    return Sample(at, {int(cpu): (busy_ticks(columns), sum(columns)) for cpu, columns in times.items()})
 
 
 def busy_per_interval(samples: Sequence[Sample], excluded: Collection[int] = ()) -> list[float]:

@@ -110,6 +110,15 @@ def read_cpu_times(path: Path = PROC_STAT) -> dict[str, list[int]]:
     return times
 
 
+# /proc/stat's idle, iowait and steal columns: a CPU's ticks that are not its own work (the rest are busy)
+NOT_BUSY_COLUMNS = (3, 4, 7)
+
+
+def busy_ticks(columns: list[int]) -> int:
+    """A CPU's busy clock ticks in a reading of read_cpu_times (or the difference of two)."""
+    return sum(columns) - sum(columns[i] for i in NOT_BUSY_COLUMNS if i < len(columns))
+
+
 def cpu_time_delta(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, list[float]]:
     """Each CPU's share of the time between two readings, in per cent: busy (neither idle nor waiting for I/O nor
     stolen) and stolen (the hypervisor ran something else on its host core while it wanted to run)."""
@@ -118,7 +127,7 @@ def cpu_time_delta(before: dict[str, list[int]], after: dict[str, list[int]]) ->
         then = before.get(cpu, [0] * len(now))
         ticks = [a - b for a, b in zip(now, then, strict=False)] + [0] * 8
         total = sum(ticks[:8]) or 1
-        busy.append(round(100 * (total - ticks[3] - ticks[4] - ticks[7]) / total, 1))
+        busy.append(round(100 * busy_ticks(ticks[:8]) / total, 1))
         steal.append(round(100 * ticks[7] / total, 1))
     return {"busy_percent": busy, "steal_percent": steal}
 

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 # The tests' reference prompts (multi-byte text the tiny tokenizer was trained on): the same workload as the suite.
 from tests.support.triton_helpers import REFERENCE_PROMPTS as PROMPTS  # noqa: E402
-from tools.triton_server import process_table  # noqa: E402
+from tools.triton_server import children_cpu_seconds  # noqa: E402
 
 RETURN_ALL = [
     "return_finish_reason",
@@ -46,11 +46,6 @@ RETURN_ALL = [
     "return_num_input_tokens",
     "return_num_output_tokens",
 ]
-
-
-def _children_cpu() -> float:
-    """CPU seconds (user + system) of this process's live children (the EngineCore process)."""
-    return sum(p.cpu_seconds for p in process_table().values() if p.ppid == os.getpid())
 
 
 def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, float, list[bytes], int]:
@@ -75,13 +70,13 @@ def _round(engine, requests, offload: bool, sync_ids) -> tuple[float, float, flo
 
         return emit
 
-    cpu0, child0, wall0 = time.process_time(), _children_cpu(), time.monotonic()
+    cpu0, child0, wall0 = time.process_time(), children_cpu_seconds(), time.monotonic()
     for request in requests:
         engine.submit(decode_request(encode_request(request)), emit_for(), lambda: False)
     for _ in requests:
         done.acquire()
     wall = time.monotonic() - wall0
-    return time.process_time() - cpu0, _children_cpu() - child0, wall, responses, tokens[0]
+    return time.process_time() - cpu0, children_cpu_seconds() - child0, wall, responses, tokens[0]
 
 
 def micro(tokenizer_path: str, repeat: int = 20) -> None:

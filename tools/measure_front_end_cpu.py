@@ -25,15 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.triton_server import process_table  # noqa: E402
+from tools.triton_server import children_cpu_seconds  # noqa: E402
 
 LONG_PROMPT = 400  # tokens, as the benchmark's long prompts
 SHORT_PROMPT = 12
-
-
-def _children_cpu() -> float:
-    """CPU seconds of this process's live children (the EngineCore)."""
-    return sum(p.cpu_seconds for p in process_table().values() if p.ppid == os.getpid())
 
 
 def _wave(engine, requests) -> tuple[float, float, float]:
@@ -46,12 +41,12 @@ def _wave(engine, requests) -> tuple[float, float, float]:
         if final:
             done.release()
 
-    cpu0, child0, wall0 = time.process_time(), _children_cpu(), time.monotonic()
+    cpu0, child0, wall0 = time.process_time(), children_cpu_seconds(), time.monotonic()
     for request in requests:
         engine.submit(request, emit, None)
     for _ in requests:
         done.acquire()
-    return time.process_time() - cpu0, _children_cpu() - child0, time.monotonic() - wall0
+    return time.process_time() - cpu0, children_cpu_seconds() - child0, time.monotonic() - wall0
 
 
 def main(argv: list[str] | None = None) -> int:

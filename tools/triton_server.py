@@ -593,3 +593,8 @@ def process_table() -> dict[int, ProcessStat]:
         rss = int(fields[21]) * page_mib
         table[int(entry.name)] = ProcessStat(comm, fields[0], int(fields[1]), int(fields[2]), cpu, rss)
     return table
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds (user + system, in clock ticks) of this process's live children (an EngineCore it started)."""
+    return sum(p.cpu_seconds for p in process_table().values() if p.ppid == os.getpid())
