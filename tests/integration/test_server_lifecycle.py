@@ -56,13 +56,29 @@ def _cancel_streams(server: TritonServer, count: int) -> None:
 
 
 def _plain_deadlines(server: TritonServer, count: int) -> None:
+    """`count` plain requests whose client deadline (0.3 s) passes while the core generates.
+
+    A call that its connection's end cut short instead (UNAVAILABLE, "GOAWAY received; Error code: 0": seen once in
+    CI, in none of 16 runs of the test nor 120 such calls on one server here) is made once more, on a new
+    connection: what this helper is for is what the deadlines leave in flight, which the test checks afterwards for
+    every request sent, the cut one included.
+    """
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        for _ in range(count):
-            with pytest.raises(InferenceServerException, match="Deadline"):
+    for _ in range(count):
+        for attempt in (1, 2):
+            with (
+                grpcclient.InferenceServerClient(server.grpc_url) as client,
+                pytest.raises(InferenceServerException) as failure,
+            ):
                 client.infer(PLAIN_MODEL, grpc_inputs("Once upon", LONG), client_timeout=0.3)
+            message = failure.value.message()
+            if attempt == 1 and "GOAWAY received" in message:
+                print(f"\na deadline call ended with the connection, made again: {message}")
+                continue
+            assert "Deadline" in message, message
+            break
 
 
 def _core_requests_done(server: TritonServer) -> int:
