@@ -534,11 +534,21 @@ def start_level_profile(
 # Servers (the clients are in tools/bench_clients.py) ----------------------------------------------------
 
 
+def engine_tmp_dir() -> Path:
+    """A TMPDIR of its own for one engine process tree of the benchmark (the bare worker, the front ends' launcher,
+    `vllm serve`), removed when it stops: vLLM names its ZMQ ipc sockets there (VLLM_RPC_BASE_PATH defaults to it),
+    and its processes end without removing them (the bare worker and the launcher left 8 in /tmp in one run of
+    tests/integration/test_bench_front_ends.py). Under the system's temporary folder: socket paths must stay under
+    108 bytes."""
+    return Path(tempfile.mkdtemp(prefix="bench-engine-"))
+
+
 class VllmServe:
     def __init__(self, engine_args: dict[str, Any], log: Path) -> None:
         self.port = free_port()
         self.engine_args = engine_args
         self.log = log
+        self.tmp_dir: Path | None = None
         self.process: subprocess.Popen | None = None
         self._http = None
         self._log_handle = None
@@ -560,9 +570,10 @@ class VllmServe:
         import aiohttp
 
         self._log_handle = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        self.tmp_dir = engine_tmp_dir()
         self.process = subprocess.Popen(
             self.command(),
-            env=server_environment(),
+            env=server_environment(self.tmp_dir),
             stdout=self._log_handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -593,6 +604,8 @@ class VllmServe:
                 self.process.wait()
         if self._log_handle is not None:
             self._log_handle.close()
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
 # The bare engine, in a worker subprocess (its own process group, so its CPU is counted like a server's) ---
@@ -735,18 +748,20 @@ class WorkerProcess:
 
     def __init__(self, flag: str, spec: dict[str, Any], log: Path) -> None:
         self.flag, self.spec, self.log = flag, spec, log
+        self.tmp_dir: Path | None = None
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         spec_file = self.log.with_suffix(".json")
         spec_file.write_text(json.dumps(self.spec))
+        self.tmp_dir = engine_tmp_dir()
         with open(self.log, "wb") as log_handle:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 __file__,
                 self.flag,
                 str(spec_file),
-                env=server_environment(),
+                env=server_environment(self.tmp_dir),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_handle,
@@ -775,15 +790,19 @@ class WorkerProcess:
         return json.loads(line)
 
     async def stop(self) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        assert self.process.stdin is not None
-        self.process.stdin.close()  # the worker shuts its engine down and exits
         try:
-            await asyncio.wait_for(self.process.wait(), 60)
-        except TimeoutError:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
+            if self.process is None or self.process.returncode is not None:
+                return
+            assert self.process.stdin is not None
+            self.process.stdin.close()  # the worker shuts its engine down and exits
+            try:
+                await asyncio.wait_for(self.process.wait(), 60)
+            except TimeoutError:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                await self.process.wait()
+        finally:
+            if self.tmp_dir is not None:
+                shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
 def worker_streams() -> tuple[Any, Any]:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.support import fake_nvidia_smi
+from tests.support.reliability_helpers import vllm_ipc_sockets
 from tools.bench import main
 
 pytestmark = pytest.mark.server
@@ -50,7 +52,11 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
     args = ["--deployment", str(_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "1,4"]
     args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
     args += ["--bare-delay-ms", str(DELAY_MS)]
+    sockets_before, folders_before = vllm_ipc_sockets(), set(Path(tempfile.gettempdir()).glob("bench-engine-*"))
     assert main([*args, "--reps", "1", "--interleave", "--out", str(tmp_path / "out")]) == 0
+    # the bare worker's and the launcher's engines named their ZMQ sockets in folders of their own, now gone
+    assert vllm_ipc_sockets() <= sockets_before
+    assert set(Path(tempfile.gettempdir()).glob("bench-engine-*")) <= folders_before
     runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
     assert {(run["path"], run["concurrency"]) for run in runs} == {
         (path, concurrency) for path in paths.split(",") for concurrency in (1, 4)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.reliability_helpers import vllm_ipc_sockets
+
 pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +77,7 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
     out = tmp_path / "out"
     command = [sys.executable, str(ROOT / "tools" / "bench.py"), "--paths", "bare,plain-grpc", "--levels", "1"]
     command += ["--max-tokens", "8", "--reps", "1000", "--interleave", "--client-processes", "2", "--out", str(out)]
+    sockets_before = vllm_ipc_sockets()
     bench = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -112,6 +115,8 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     assert not left, commands
+    # nor files: the bare worker's engine named its ZMQ sockets in a folder of its own, removed at its stop
+    assert vllm_ipc_sockets() <= sockets_before
 
 
 def test_a_server_whose_path_fails_its_token_check_is_stopped(tiny_model: Path, tmp_path: Path):

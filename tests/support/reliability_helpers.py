@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import signal
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -73,6 +74,16 @@ def engine_stopped(pid: int) -> Iterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):  # killed inside the block
             os.kill(pid, signal.SIGCONT)
+
+
+_UUID_NAME = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def vllm_ipc_sockets(folder: Path | None = None) -> set[Path]:
+    """The Unix socket files in `folder` (the system's temporary folder by default) named as vLLM names its ZMQ ipc
+    endpoints (a uuid4 under VLLM_RPC_BASE_PATH)."""
+    folder = Path(tempfile.gettempdir()) if folder is None else folder
+    return {path for path in folder.iterdir() if _UUID_NAME.fullmatch(path.name) and path.is_socket()}
 
 
 def start_server(repository: Path, log: Path, exit_timeout_secs: int = 10) -> TritonServer:
