@@ -140,7 +140,7 @@ def describe(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.bench import runs_of
+    from tools.bench_results import runs_of
     from tools.pair_spread import read
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

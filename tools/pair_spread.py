@@ -24,7 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench import build_parser, engine_groups, measured_paths, runs_of  # noqa: E402
+from tools.bench import build_parser, measured_paths  # noqa: E402
+from tools.bench_paths import engine_groups  # noqa: E402
+from tools.bench_results import runs_of  # noqa: E402
 
 NAMED_PAIRS = (
     ("bare", "plain-grpc"),

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench import runs_of  # noqa: E402
+from tools.bench_results import runs_of  # noqa: E402
 from tools.pair_spread import read, rounds_of  # noqa: E402
 
 Level = tuple[int, int, float]  # max_tokens, concurrency, stagger_seconds (0: waves)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench import LevelResult, percentile, runs_of  # noqa: E402
+from tools.bench_results import LevelResult, percentile, runs_of  # noqa: E402
 from tools.pair_spread import read  # noqa: E402
 from tools.pool_rounds import Level  # noqa: E402
 

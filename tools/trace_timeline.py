@@ -38,8 +38,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core.core_stats import ENVIRONMENT_KEY as CORE_STATS_KEY  # noqa: E402
-from tools.bench import CORE_STATS_MARK, BenchSetup, bench_repository, build_prompts, core_stats_line, percentile  # noqa: E402
+from tools.bench import CORE_STATS_MARK, BenchSetup, bench_repository, build_prompts, core_stats_line  # noqa: E402
 from tools.bench_clients import ClientSpec, open_client, open_runner, run_level  # noqa: E402
+from tools.bench_results import percentile  # noqa: E402
 from tools.triton_server import TritonServer, start_on_free_ports  # noqa: E402
 
 TRACE_OFF = ["--trace-config=level=OFF", "--trace-config=rate=1", "--trace-config=count=-1"]

@@ -13,29 +13,29 @@ from pathlib import Path
 import pytest
 
 from tools.bench import (
-    LevelResult,
-    ResultsFile,
     SlicedLevels,
-    baseline_of,
     check_generated_tokens,
     close_all,
-    engine_groups,
-    load_runs,
     measure,
-    noise_lines,
     one_stream_slices,
-    print_table,
     profile_level_argument,
     profiled_level,
     py_spy_command,
     requests_for,
     schedule,
-    summarize,
-    target_lines,
     token_shortfall,
-    turn_order,
 )
 from tools.bench_clients import ClientSpec, LevelRun, ProcessPoolRunner, Prompt, Sample, delayed, run_level, split
+from tools.bench_paths import baseline_of, engine_groups, turn_order
+from tools.bench_results import (
+    LevelResult,
+    ResultsFile,
+    load_runs,
+    noise_lines,
+    print_table,
+    summarize,
+    target_lines,
+)
 
 
 def _run(path: str, tokens_per_s: float, concurrency: int = 64, rep: int = 0, ttft: float | None = None):
@@ -930,7 +930,7 @@ def test_a_paused_background_load_takes_no_cpu_until_it_runs_again():
 
 
 def test_load_lines_pair_each_loaded_repetition_with_the_unloaded_one_before_it():
-    from tools.bench import load_lines
+    from tools.bench_results import load_lines
 
     def run(path: str, rep: int, tps: float, busy: int, command: int = 0) -> LevelResult:
         result = _run(path, tps, 256)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench import LevelResult
+from tools.bench_results import LevelResult
 from tools.pair_spread import main, older_turn, squared_deviations
 
 

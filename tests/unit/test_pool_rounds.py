@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench import LevelResult
+from tools.bench_results import LevelResult
 from tools.pool_rounds import by_speed, level_mean, main, pooled_over_levels, pooled_ratios
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench import LevelResult
+from tools.bench_results import LevelResult
 from tools.request_cycles import cycle_of, cycles, main
 
 
