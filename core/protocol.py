@@ -90,6 +90,11 @@ class EngineResponse(msgspec.Struct, forbid_unknown_fields=True):
     decode: dict[str, bool] | None = None
     # Per prompt position (the first is null), as `logprobs`; in the first response only, when asked.
     prompt_logprobs: list[Position | None] | None = None
+    # The error that ended the request, for a BLS caller of the core (an entry model, generate), as its message
+    # with the code tagged ("[UNAVAILABLE] ..."): then the response's last, with no outputs. On Triton 2.51 a BLS
+    # caller's response iterator never gets an error response that follows data responses, nor the FINAL flag it
+    # carries, so the caller would wait forever; the core sends a BLS caller's errors in-band instead.
+    error: str | None = None
 
 
 class ResponseHeader(msgspec.Struct):
@@ -98,6 +103,12 @@ class ResponseHeader(msgspec.Struct):
 
     finished: bool
     streamed: bool = False
+    error: str | None = None
+
+
+def error_response(message: str) -> EngineResponse:
+    """The in-band error that ends a BLS caller's request (EngineResponse.error)."""
+    return EngineResponse(outputs=[], num_input_tokens=0, finished=True, error=message)
 
 
 # Built once (a decoder compiles its type when constructed) and shared by every thread: they keep no state between

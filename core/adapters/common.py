@@ -15,6 +15,7 @@ import triton_python_backend_utils as pb_utils
 from core.engine_config import resolve_path, resolve_paths
 from core.interface import ENGINE_RESPONSE, InvalidInput, TensorSpec, Unavailable
 from core.interface import document_tensor as interface_document_tensor
+from core.protocol import peek_response
 from core.stage import load_stage_class
 
 LORA_FILE = "multi_lora.json"
@@ -62,8 +63,8 @@ def document_tensor(spec: TensorSpec, document: str | bytes) -> Any:
 class CoreResponses:
     """The core's responses to one BLS request, read to the end: each as its ENGINE_RESPONSE array, still encoded
     (the caller decodes only what it needs: core/protocol.py's whole_answer, peek_response). A response with an
-    error is not yielded but kept in `error` (the last one), and reading goes on, so the iterator is drained either
-    way before the caller releases it."""
+    error (a Triton error, or the core's in-band one: EngineResponse.error) is not yielded but kept in `error` (the
+    last one), and reading goes on, so the iterator is drained either way before the caller releases it."""
 
     def __init__(self, iterator: Any) -> None:
         self.iterator = iterator
@@ -75,8 +76,15 @@ class CoreResponses:
                 self.error = child_response.error()
                 continue
             tensor = pb_utils.get_output_tensor_by_name(child_response, ENGINE_RESPONSE.name)
-            if tensor is not None:
-                yield tensor.as_numpy()
+            if tensor is None:
+                continue
+            array = tensor.as_numpy()
+            header = peek_response(array.reshape(-1)[0])
+            if header.error is not None:
+                self.error = pb_utils.TritonError(header.error)
+                continue
+            self.finished = header.finished
+            yield array
 
 
 class GuardedSender:

@@ -44,7 +44,7 @@ from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
 from core.interface import document_tensor as document_array
 from core.metrics import GaugeClock, StatsSink, profiled_engine_args, stat_logger_factory
-from core.protocol import EngineRequest, EngineResponse, decode_request, encode_response
+from core.protocol import EngineRequest, EngineResponse, decode_request, encode_response, error_response
 from core.settings import STAGES_FILE, CoreModelSettings, load_settings
 from core.step_stats import EngineSteps
 from core.warm_up import STATS_SECONDS, FinishWatch, warm_up
@@ -232,8 +232,12 @@ class CoreModel:
         if item.sender.closed:
             return  # its FINAL went already: the postprocess stage failed on an earlier response (see _response)
         try:
-            if item.error is not None:
-                response = pb_utils.InferenceResponse(error=triton_error(item.error, item.sender.tagged))
+            if item.error is not None and item.sender.tagged:  # in-band: see EngineResponse.error
+                message = triton_error(item.error, tagged=True).message()
+                document = document_tensor(ENGINE_RESPONSE, encode_response(error_response(message)))
+                response = pb_utils.InferenceResponse(output_tensors=[document])
+            elif item.error is not None:
+                response = pb_utils.InferenceResponse(error=triton_error(item.error))
             elif item.response is not None:
                 response = self._response(item)
             else:

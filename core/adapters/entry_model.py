@@ -30,7 +30,7 @@ from core.adapters.common import (
 from core.adapters.generate_model import GenerateModel
 from core.gc_heap import freeze_startup_heap
 from core.interface import ENGINE_REQUEST, ENGINE_RESPONSE, InvalidInput, Unavailable
-from core.protocol import peek_response, whole_answer
+from core.protocol import whole_answer
 from core.settings import STAGES_FILE, EntrySettings
 
 
@@ -99,8 +99,7 @@ class EntryModel(GenerateModel):
                     if abandoned:
                         continue  # drain the core's remaining responses; the abort is on its way
                     outputs = self._run_stage("postprocess", {ENGINE_RESPONSE.name: array}, {})
-                    # postprocess decodes the delta; here only `finished` is read (the rest is skipped unbuilt)
-                    if peek_response(array.reshape(-1)[0]).finished:
+                    if responses.finished:
                         last = outputs
                         continue
                     try:

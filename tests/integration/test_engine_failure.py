@@ -6,6 +6,7 @@ quickly, on both public models, without explicit model control; with the deploym
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -55,7 +56,13 @@ def test_killed_engine_gives_unavailable_in_flight_and_after(tiny_model, tmp_pat
         engines = engine_cores(server)
         assert len(engines) == 1, process_group_members(server.process.pid)
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        _, failed = _kill_in_flight(server, client, engines[0])
+        with _StreamInFlight(server.grpc_url) as stream:  # decoding, its first responses in, when the engine dies
+            killed_at, failed = _kill_in_flight(server, client, engines[0])
+            stream_end, ended_at = stream.end(QUICK_SECONDS)
+        # The stream's error reaches its client as the plain requests' do (on `entry: bls` it once never came: the
+        # core's error after data responses was lost on its way to the entry model, which waited for it forever)
+        assert isinstance(stream_end, InferenceServerException) and "vLLM engine" in str(stream_end), stream_end
+        assert ended_at - killed_at < QUICK_SECONDS
         in_flight_seconds = max(after for _, after in failed)
 
         start = time.monotonic()
@@ -106,6 +113,44 @@ def _assert_server_up(server) -> None:
     if server.process.poll() is not None:
         tail = "\n".join(server.log_text().splitlines()[-80:])
         pytest.fail(f"tritonserver exited with {server.process.returncode}; the end of its log:\n{tail}")
+
+
+class _StreamInFlight:
+    """One gRPC stream of a LONG request, open until the block ends, its first responses received on entry."""
+
+    def __init__(self, url: str) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.results: queue.Queue = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=lambda result, error: self.results.put((result, error, time.monotonic())))
+        inputs = grpc_inputs("Once upon", LONG, stream=True)
+        self.client.async_stream_infer(STREAM_MODEL, inputs, enable_empty_final_response=True)
+
+    def __enter__(self) -> _StreamInFlight:
+        for _ in range(2):
+            _, error, _ = self.results.get(timeout=120)
+            assert error is None, error
+        return self
+
+    def end(self, timeout: float) -> tuple[object, float]:
+        """How the stream ended (its error, or "final") and when (time.monotonic()); ("nothing", now) after
+        `timeout` s without either."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                result, error, at = self.results.get(timeout=left)
+            except queue.Empty:
+                break
+            if error is not None:
+                return error, at
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return "final", at
+        return "nothing", time.monotonic()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
 
 
 def _kill_in_flight(server, client, engine: int) -> tuple[float, list[tuple[object, float]]]:

@@ -22,6 +22,7 @@ from core.protocol import (
     decode_response,
     encode_request,
     encode_response,
+    error_response,
     merge_responses,
     peek_response,
     whole_answer,
@@ -264,3 +265,12 @@ def test_whole_answer_passes_a_lone_answer_as_it_is_and_merges_streamed_deltas()
     lone_delta = decode_response(whole_answer([encode_response(deltas[1])]))
     assert not lone_delta.streamed  # a stream of one delta still becomes a whole answer
     assert peek_response(encode_response(deltas[0])) == ResponseHeader(finished=False, streamed=True)
+
+
+def test_an_in_band_error_ends_the_request_and_a_peek_reads_it():
+    """The core's error for a BLS caller (EngineResponse.error): the last response, no outputs, the tagged message."""
+    document = encode_response(error_response("[UNAVAILABLE] the vLLM engine failed"))
+    assert peek_response(document) == ResponseHeader(finished=True, error="[UNAVAILABLE] the vLLM engine failed")
+    assert decode_response(document).outputs == []
+    # a data response's peek says it carries none
+    assert peek_response(encode_response(EngineResponse([SequenceDelta(0, "a", [1])], 4, True))).error is None
