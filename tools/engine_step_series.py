@@ -183,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "step-series")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = asyncio.run(measure(args))
+    from tools.triton_server import private_tmp_dir
+
+    with private_tmp_dir("vllm-series-"):  # vLLM leaves its socket files in TMPDIR
+        result = asyncio.run(measure(args))
     (args.out / "step-series.json").write_text(json.dumps(result, indent=1))
     print(f"{result['tokens_per_second']:.0f} tok/s over {result['wall']:.1f} s")
     print(table(result["seconds"]))

@@ -20,12 +20,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.triton_server import children_cpu_seconds  # noqa: E402
+from tools.triton_server import children_cpu_seconds, private_tmp_dir  # noqa: E402
 
 LONG_PROMPT = 400  # tokens, as the benchmark's long prompts
 SHORT_PROMPT = 12
@@ -74,12 +75,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         for i in range(args.requests)
     ]
-    engine = Engine(engine_args)
+    with private_tmp_dir("vllm-fe-cpu-"):  # vLLM leaves its socket files in TMPDIR
+        return _measure(Engine(engine_args), requests, args.rounds)
+
+
+def _measure(engine: Any, requests: list[Any], rounds: int) -> int:
+    """A warm-up wave, then `rounds` counted waves of `requests` on `engine` (started here, shut down after)."""
     engine.start()
     try:
         _wave(engine, requests)  # warm-up
         per_request = []
-        for r in range(args.rounds):
+        for r in range(rounds):
             cpu, child, wall = _wave(engine, requests)
             per_request.append(1000 * cpu / len(requests))
             print(
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 f" {1000 * child / len(requests):.3f} ms, wall {wall:.2f} s for {len(requests)} requests"
             )
         print(
-            f"front end CPU a request: median {statistics.median(per_request):.3f} ms over {args.rounds} rounds"
+            f"front end CPU a request: median {statistics.median(per_request):.3f} ms over {rounds} rounds"
             f" ({min(per_request):.3f}-{max(per_request):.3f}); tree {ROOT}"
         )
     finally:

@@ -78,22 +78,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_in_private_tmp(argv: list[str] | None = None) -> int:
-    """main() with a TMPDIR of its own, removed at the end: vLLM leaves its ZMQ ipc socket files (named under
-    VLLM_RPC_BASE_PATH, by default tempfile.gettempdir()) and `vllm_dist_*` files behind otherwise."""
-    import os
-    import shutil
-    import tempfile
+    """main() with a TMPDIR of its own, removed at the end (tools/triton_server.py's private_tmp_dir)."""
+    from tools.triton_server import private_tmp_dir
 
-    from tools.triton_server import inductor_cache_dir
-
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
-    private = tempfile.mkdtemp(prefix="vllm-offline-")
-    os.environ["TMPDIR"] = os.environ["VLLM_RPC_BASE_PATH"] = private
-    tempfile.tempdir = private  # gettempdir() may have been cached already
-    try:
+    with private_tmp_dir("vllm-offline-"):
         return main(argv)
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
 
 
 if __name__ == "__main__":

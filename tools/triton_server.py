@@ -9,6 +9,7 @@ server's.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import importlib.util
 import json
@@ -26,6 +27,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -208,6 +210,30 @@ def inductor_cache_dir() -> Path:
     except (KeyError, OSError):
         user = "unknown"
     return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+
+
+@contextlib.contextmanager
+def private_tmp_dir(prefix: str) -> Iterator[Path]:
+    """This process (and what it starts) with a TMPDIR of its own inside the block, removed at its end: vLLM names
+    its ZMQ ipc sockets there (VLLM_RPC_BASE_PATH, set too in case it was read before) and its `vllm_dist_*` files,
+    and leaves them behind when its engine shuts down. torch's compile cache keeps its usual folder. The
+    environment and tempfile's cached folder are as they were after the block."""
+    saved = {key: os.environ.get(key) for key in ("TMPDIR", "VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR")}
+    saved_tempdir = tempfile.tempdir
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    private = Path(tempfile.mkdtemp(prefix=prefix))  # short: socket paths must stay under 108 bytes
+    os.environ["TMPDIR"] = os.environ["VLLM_RPC_BASE_PATH"] = str(private)
+    tempfile.tempdir = str(private)  # gettempdir() may have been cached already
+    try:
+        yield private
+    finally:
+        tempfile.tempdir = saved_tempdir
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def free_port() -> int:

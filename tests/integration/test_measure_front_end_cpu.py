@@ -11,12 +11,14 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.reliability_helpers import vllm_ipc_sockets
 
 pytestmark = pytest.mark.server
 
 
 def test_waves_of_requests_report_the_front_ends_cpu_and_the_engine_cores_apart(tiny_model):
     command = [sys.executable, str(ROOT / "tools" / "measure_front_end_cpu.py"), "--requests", "64"]
+    sockets_before = vllm_ipc_sockets()
     result = subprocess.run(
         [*command, "--max-tokens", "8", "--rounds", "2"],
         capture_output=True,
@@ -26,6 +28,7 @@ def test_waves_of_requests_report_the_front_ends_cpu_and_the_engine_cores_apart(
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert vllm_ipc_sockets() <= sockets_before  # its engine's socket files went with its own TMPDIR
     rounds = re.findall(r"round \d: front end ([\d.]+) ms CPU a request, EngineCore ([\d.]+) ms", result.stdout)
     assert len(rounds) == 2, result.stdout
     # the front end (this tool's process, timed to the nanosecond) worked on every wave; the EngineCore (its child,
