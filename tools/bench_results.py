@@ -1,7 +1,7 @@
 """The benchmark's results (tools/bench.py): one measured level of one path (LevelResult), OUT/results.json and
 its rounds, and the report read from them: the table, the issue's targets, the machine's spread and load, the plot.
-Apart from running the benchmark, so the tools that read a results file (pool_rounds, request_cycles, cpu_busy,
-pair_spread) need none of it."""
+Apart from running the benchmark, so the tools that read a results file (pool_rounds, request_cycles, cpu_busy)
+need none of it (pair_spread still asks bench.py's parser how an older command ordered its paths)."""
 
 from __future__ import annotations
 
