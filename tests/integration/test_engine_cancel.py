@@ -13,6 +13,7 @@ from core.engine import CANCEL_POLL_SECONDS, Engine
 from core.interface import Unavailable
 from core.protocol import EngineRequest
 from tests.conftest import REPOSITORY
+from tools.triton_server import private_tmp_dir
 
 LONG = {"temperature": 0, "max_tokens": 480, "ignore_eos": True}
 
@@ -23,10 +24,11 @@ pytestmark = pytest.mark.server  # a real vLLM engine, in this process
 def engine(tiny_model):
     args = json.loads((REPOSITORY / "vllm_core" / "1" / "model.json").read_text())
     args["model"] = str(tiny_model)
-    instance = Engine(args)
-    instance.start()
-    yield instance
-    instance.shutdown()
+    with private_tmp_dir("vllm-test-"):  # vLLM leaves its socket files in TMPDIR
+        instance = Engine(args)
+        instance.start()
+        yield instance
+        instance.shutdown()
 
 
 class Collector:
