@@ -60,11 +60,13 @@ measures each level on every path in turn (turn_order: each of ours beside the p
 reverse order every other repetition of the level, merged commands included), so the paths compared are measured
 seconds apart, not minutes: the table's "paired" column, and the targets where it exists, is the median over the
 repetitions of each one's ratio (each repetition's is printed with a target; a target is judged "met" or "NOT met"
-from 3 repetitions, the performance issue's rule, and "not judged" from fewer). `--one-stream-slices N` with
---interleave measures each one-stream level in N slices of its requests, the turn once per slice, each path's slices
-added up to its repetition (results record `slices`): at one stream a path's level is 4-15 s, long enough for the
-machine's slow spells to fall on one path and not the next (only a path's first slice warms up: N as large as the
-level's requests alternates the paths request by request, at 30-50 ms per slice on an H200). `--merge` adds this
+from 3 repetitions, the performance issue's rule, and "not judged" from fewer, unless two paired repetitions on one
+side of the target already decide the median of three: "met (decided: ...)", "NOT met (decided: ...)").
+`--one-stream-slices N` with --interleave measures each one-stream level in N slices of its requests, the turn once
+per slice, each path's slices added up to its repetition (results record `slices`): at one stream a path's level is
+4-15 s, long enough for the machine's slow spells to fall on one path and not the next (only a path's first slice
+warms up: N as large as the level's requests alternates the paths request by request, at 30-50 ms per slice on an
+H200). `--merge` adds this
 command's runs to OUT/results.json (a long run split over several commands: one table and plot in the end;
 `--fill-to N` instead of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit
 stopped is completed by the next command); `--report` measures nothing and prints OUT/results.json's table and

@@ -446,7 +446,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 # The performance issue's rule: each target is judged by the median of 3 paired repetitions of one run; a ratio
-# from fewer is printed, not judged.
+# from fewer is printed, not judged, unless two of them already decide that median (_paired_verdict).
 TARGET_REPETITIONS = 3
 
 # The performance issue's targets: (our path, the path it is held against, the minimum ratio, the levels).
@@ -509,14 +509,16 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
             # Paired repetitions where there are any: the machine's drift between them is smaller.
             series = row.get("paired_series", {}).get(other)
             if series:
-                ratio, repetitions = statistics.median(series), len(series)
+                ratio = statistics.median(series)
                 how = "paired (" + " ".join(f"{x:.2f}" for x in series) + "; "
+                verdict = _paired_verdict(series, minimum)
             else:
                 ratio, repetitions = row["tokens_per_s"] / against["tokens_per_s"], min(row["reps"], against["reps"])
                 how = "of medians ("
+                verdict = _verdict(ratio >= minimum, repetitions)
             lines.append(
                 f"{ours} / {other} at {max_tokens} tokens x {concurrency}: {ratio:.2f} {how}target >= {minimum})"
-                f" {_verdict(ratio >= minimum, repetitions)}"
+                f" {verdict}"
             )
     for max_tokens, concurrency in [(m, c) for (p, m, c) in by_key if p == "stream-grpc"]:
         ours, base = (
@@ -545,6 +547,21 @@ def _verdict(holds: bool, repetitions: int) -> str:
     if repetitions < TARGET_REPETITIONS:
         return f"not judged ({repetitions} of {TARGET_REPETITIONS} repetitions)"
     return "met" if holds else "NOT met"
+
+
+def _paired_verdict(series: list[float], minimum: float) -> str:
+    """A paired target from its repetitions' ratios. With fewer than 3, the median of 3 is already decided when a
+    majority of 3 lies on one side of the target (two of two below it: no third can lift the median): a run need not
+    spend device time on a repetition that cannot change its verdict."""
+    if len(series) < TARGET_REPETITIONS:
+        majority = TARGET_REPETITIONS // 2 + 1
+        meeting = sum(x >= minimum for x in series)
+        if meeting >= majority or len(series) - meeting >= majority:
+            side = "meet it" if meeting >= majority else "are below it"
+            count = max(meeting, len(series) - meeting)
+            decided = f"(decided: {count} of the {TARGET_REPETITIONS} repetitions {side})"
+            return f"met {decided}" if meeting >= majority else f"NOT met {decided}"
+    return _verdict(statistics.median(series) >= minimum, len(series))
 
 
 def plot(rows: list[dict[str, Any]], target: Path) -> None:

@@ -240,9 +240,27 @@ def test_paired_ratio_is_the_median_of_each_rounds_ratio():
     assert rows["plain-grpc"]["paired_series"] == {"bare": [pytest.approx(0.96), pytest.approx(0.96)]}
     assert rows["plain-grpc"]["ratio"] == pytest.approx(192 / 150)
     assert rows["bare"]["paired_series"] == {"plain-grpc": [pytest.approx(1 / 0.96)] * 2}
-    assert "plain-grpc / bare at 256 tokens x 256: 0.96 paired (0.96 0.96; target >= 0.95) not judged (2 of 3" in (
-        "\n".join(target_lines(list(rows.values())))
+    assert (
+        "plain-grpc / bare at 256 tokens x 256: 0.96 paired (0.96 0.96; target >= 0.95)"
+        " met (decided: 2 of the 3 repetitions meet it)" in target_lines(list(rows.values()))
     )
+
+
+@pytest.mark.parametrize(
+    ("ours", "verdict"),
+    [
+        ((90, 97), "not judged (2 of 3 repetitions)"),  # one below, one above: the third decides
+        ((90, 93), "NOT met (decided: 2 of the 3 repetitions are below it)"),  # no third can lift the median
+        ((96, 99), "met (decided: 2 of the 3 repetitions meet it)"),
+    ],
+)
+def test_two_repetitions_on_one_side_of_a_target_decide_it(ours, verdict):
+    """The median of 3 is fixed once 2 of them lie on one side of the target; a split pair is still open."""
+    runs = []
+    for i, tokens in enumerate(ours):
+        runs += [_paired("bare", 100, f"0.{i}"), _paired("plain-grpc", tokens, f"0.{i}")]
+    lines = [line for line in target_lines(summarize(runs)) if line.startswith("plain-grpc / bare at")]
+    assert len(lines) == 1 and lines[0].endswith(verdict), lines
 
 
 def test_runs_without_common_rounds_are_not_paired():
