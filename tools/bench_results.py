@@ -556,11 +556,11 @@ def _paired_verdict(series: list[float], minimum: float) -> str:
     if len(series) < TARGET_REPETITIONS:
         majority = TARGET_REPETITIONS // 2 + 1
         meeting = sum(x >= minimum for x in series)
-        if meeting >= majority or len(series) - meeting >= majority:
-            side = "meet it" if meeting >= majority else "are below it"
-            count = max(meeting, len(series) - meeting)
-            decided = f"(decided: {count} of the {TARGET_REPETITIONS} repetitions {side})"
-            return f"met {decided}" if meeting >= majority else f"NOT met {decided}"
+        below = len(series) - meeting
+        if meeting >= majority:
+            return f"met (decided: {meeting} of the {TARGET_REPETITIONS} repetitions meet it)"
+        if below >= majority:
+            return f"NOT met (decided: {below} of the {TARGET_REPETITIONS} repetitions are below it)"
     return _verdict(statistics.median(series) >= minimum, len(series))
 
 
