@@ -69,6 +69,7 @@ class CoreResponses:
     def __init__(self, iterator: Any) -> None:
         self.iterator = iterator
         self.error: Any = None
+        self.finished = False  # the last yielded response's header: it ended the request
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for child_response in self.iterator:
