@@ -66,11 +66,10 @@ side of the target already decide the median of three: "met (decided: ...)", "NO
 per slice, each path's slices added up to its repetition (results record `slices`): at one stream a path's level is
 4-15 s, long enough for the machine's slow spells to fall on one path and not the next (only a path's first slice
 warms up: N as large as the level's requests alternates the paths request by request, at 30-50 ms per slice on an
-H200). `--merge` adds this
-command's runs to OUT/results.json (a long run split over several commands: one table and plot in the end;
-`--fill-to N` instead of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit
-stopped is completed by the next command); `--report` measures nothing and prints OUT/results.json's table and
-targets (a run merged on other machines, or one an older bench judged).
+H200). `--merge` adds this command's runs to OUT/results.json (a long run split over several commands: one table and
+plot in the end; `--fill-to N` instead of `--reps` measures only the repetitions each level lacks for N, so a run
+that a time limit stopped is completed by the next command); `--report` measures nothing and prints
+OUT/results.json's table and targets (a run merged on other machines, or one an older bench judged).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
 --max-requests, 512); one warm-up round per path and level is not counted. Every request is counted as max_tokens
