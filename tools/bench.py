@@ -6,7 +6,7 @@ same model, engine args and engine environment (those of one deployment file).
         [--also-deployment FILE] [--variant PREFIX KEY=VALUE...] [--extra-model NAME] [--extra-stream-model NAME]
         [--vllm-backend DIR]
         [--merge [--fill-to 3]]
-        [--interleave [--one-stream-slices 8]] [--profile [--profile-gil]] [--cpu-busy] [--quick]
+        [--interleave [--one-stream-slices 8] [--wave-slices 4]] [--profile [--profile-gil]] [--cpu-busy] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
         [--background-load-alternate] [--out .bench] [--report]
 
@@ -66,10 +66,12 @@ side of the target already decide the median of three: "met (decided: ...)", "NO
 per slice, each path's slices added up to its repetition (results record `slices`): at one stream a path's level is
 4-15 s, long enough for the machine's slow spells to fall on one path and not the next (only a path's first slice
 warms up: N as large as the level's requests alternates the paths request by request, at 30-50 ms per slice on an
-H200). `--merge` adds this command's runs to OUT/results.json (a long run split over several commands: one table and
-plot in the end; `--fill-to N` instead of `--reps` measures only the repetitions each level lacks for N, so a run
-that a time limit stopped is completed by the next command); `--report` measures nothing and prints
-OUT/results.json's table and targets (a run merged on other machines, or one an older bench judged).
+H200). `--wave-slices N` does the same for the levels of several streams, in slices of whole waves (2048 requests
+at 256 streams are 8 waves: `--wave-slices 4` takes the turn every 2 waves, ~1-3 s a path). `--merge` adds this
+command's runs to OUT/results.json (a long run split over several commands: one table and plot in the end;
+`--fill-to N` instead of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit
+stopped is completed by the next command); `--report` measures nothing and prints OUT/results.json's table and
+targets (a run merged on other machines, or one an older bench judged).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
 --max-requests, 512); one warm-up round per path and level is not counted. Every request is counted as max_tokens
@@ -509,7 +511,7 @@ async def measure(
         level["max_tokens"],
         level["stagger"],
         # A later slice follows the path's earlier one by a few seconds: warm, no warm-up request (which would
-        # double the time of one-request slices, --one-stream-slices)
+        # double the time of one-request slices, --one-stream-slices; --wave-slices)
         warm=level.get("slice", 0) > 0,
     )
     cpu_before = process_group_cpu(pgid) if pgid else None
@@ -534,7 +536,7 @@ async def measure(
 
 
 def add_slices(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One path's slices of a level (measure's results, --one-stream-slices) as one measurement: its time, tokens and
+    """One path's slices of a level (measure's results, level_slices) as one measurement: its time, tokens and
     CPU added up, its requests' latencies and first tokens together. (--profile's per-level readings are refused with
     slices: they describe one stretch of time.)"""
 
@@ -554,7 +556,8 @@ def add_slices(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class SlicedLevels:
-    """--one-stream-slices: each path's slices of a level held until the last one is in, then added up."""
+    """--one-stream-slices, --wave-slices: each path's slices of a level held until the last one is in, then added
+    up."""
 
     def __init__(self) -> None:
         self._parts: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
@@ -865,18 +868,35 @@ def interleaved_turn(groups: list[Any]) -> list[str]:
     return turn_order([path for group in groups for path in group.paths])
 
 
-def one_stream_slices(level: dict[str, Any], slices: int) -> list[dict[str, Any]]:
-    """--one-stream-slices: a one-stream level as `slices` levels of its requests shared out (each knows its place and
-    the whole level's requests), other levels as they are. At one stream a request takes 0.1-0.5 s, so a level of 32
-    is 4-15 s a path, long enough for the machine's slow spells to fall on one path's level and not the next one's;
-    slices of a few requests, the turn once per slice, put the paths compared within a second or two of each other.
-    Only a path's first slice of a repetition warms up (measure): with as many slices as requests, each path's
-    requests alternate with the others' one by one at the cost of the level's own requests."""
-    if level["concurrency"] != 1 or slices <= 1:
+def level_slices(level: dict[str, Any], one_stream: int = 1, waves: int = 1) -> list[dict[str, Any]]:
+    """A level as the slices it is measured in, each knowing its place and the whole level's requests (the level
+    itself when it is measured whole).
+
+    `one_stream` (--one-stream-slices): a one-stream level's requests shared out. At one stream a request takes
+    0.1-0.5 s, so a level of 32 is 4-15 s a path, long enough for the machine's slow spells to fall on one path's
+    level and not the next one's; slices of a few requests, the turn once per slice, put the paths compared within
+    a second or two of each other. Only a path's first slice of a repetition warms up (measure): with as many slices
+    as requests, each path's requests alternate with the others' one by one at the cost of the level's own requests.
+
+    `waves` (--wave-slices): a level of several streams in that many slices of whole waves (each stream's requests
+    shared out; any requests beyond whole waves go with the last slice). Its streams start together, so each slice
+    is a run of the waves that the whole level is made of, and the paths compared take turns every few waves:
+    the machine's slow spells of a few seconds (docs/performance-gpu.md) then fall on both instead of on one."""
+    concurrency = level["concurrency"]
+    if (one_stream if concurrency == 1 else waves) <= 1:
         return [level]
-    shares = [share for share in split(level["requests"], slices) if share]
+    requests = level["requests"]
+    if concurrency == 1:
+        shares = [share for share in split(requests, one_stream) if share]
+    else:
+        whole_waves, rest = divmod(requests, concurrency)
+        shares = [count * concurrency for count in split(whole_waves, waves) if count]
+        if shares:
+            shares[-1] += rest
+    if len(shares) <= 1:
+        return [level]
     return [
-        {**level, "requests": share, "slice": index, "slices": len(shares), "level_requests": level["requests"]}
+        {**level, "requests": share, "slice": index, "slices": len(shares), "level_requests": requests}
         for index, share in enumerate(shares)
     ]
 
@@ -887,7 +907,8 @@ def schedule(
     interleave: bool,
     reps_of: Callable[[dict[str, Any]], int],
     done: Callable[[dict[str, Any]], int] = lambda level: 0,
-    slices: int = 1,
+    one_stream_slices: int = 1,
+    wave_slices: int = 1,
 ):
     """The order of the measurements, as (group, path, rep, level). One after the other: every level of a path
     before the next path, every path of a group before the next group. Interleaved: each level of one repetition
@@ -896,8 +917,8 @@ def schedule(
     reverse order in every other repetition of the level (`done(level)`: its repetitions already in a merged
     results file), so that a path's place in the turn (first after the level before, or last) is not part of
     its paired ratio. `reps_of(level)`: the level's repetitions (--reps, or what --fill-to found lacking).
-    `slices` (interleaved only): a one-stream level in that many slices (one_stream_slices), the turn once per
-    slice, reversed every other slice."""
+    `one_stream_slices`, `wave_slices` (interleaved only): a level in that many slices (level_slices), the turn once
+    per slice, reversed every other slice."""
     rounds = range(max((reps_of(level) for level in levels), default=0))
     if interleave:
         group_of = {path: group for group in groups for path in group.paths}
@@ -907,7 +928,7 @@ def schedule(
             for rep in rounds
             for level in levels
             if rep < reps_of(level)
-            for part in one_stream_slices(level, slices)
+            for part in level_slices(level, one_stream_slices, wave_slices)
             for group, path in (turn if (done(level) + rep + part.get("slice", 0)) % 2 == 0 else turn[::-1])
         ]
     return [
@@ -1295,7 +1316,9 @@ async def measure_all(
         if args.interleave:  # every engine up (one after the other) before the first level
             for group in groups:
                 await start(group)
-        for group, path, rep, level in schedule(groups, levels, args.interleave, reps_of, done, args.one_stream_slices):
+        for group, path, rep, level in schedule(
+            groups, levels, args.interleave, reps_of, done, args.one_stream_slices, args.wave_slices
+        ):
             if group not in opened:  # one group at a time: the one before is done
                 while opened:
                     await opened.pop().close()
@@ -1428,6 +1451,16 @@ def build_parser() -> argparse.ArgumentParser:
         " once); only a path's first slice warms up, so N as large as the level's requests costs no more time",
     )
     parser.add_argument(
+        "--wave-slices",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --interleave: measure each level of several streams in N slices of whole waves (its streams'"
+        " requests shared out), the turn of the paths once per slice (reversed every other slice); each path's slices"
+        " add up to its repetition, so the paths compared take turns every few waves instead of every level and the"
+        " machine's slow spells of a few seconds fall on both (1: each level whole)",
+    )
+    parser.add_argument(
         "--bare-delay-ms",
         type=float,
         default=BARE_DELAY_MS,
@@ -1526,12 +1559,15 @@ def main(argv: list[str] | None = None) -> int:
         return report_only(args.out)
     if args.fill_to is not None and not args.merge:
         parser.error("--fill-to counts the repetitions in OUT/results.json: it needs --merge")
-    if args.one_stream_slices < 1:
-        parser.error("--one-stream-slices must be 1 or more")
-    if args.one_stream_slices > 1 and (not args.interleave or args.profile):
-        parser.error("--one-stream-slices takes the turn of --interleave, and --profile's readings are per level")
-    if args.cpu_busy and args.one_stream_slices > 1:
-        parser.error("--cpu-busy reads one stretch of time per measurement: not with --one-stream-slices")
+    for option, slices in (("--one-stream-slices", args.one_stream_slices), ("--wave-slices", args.wave_slices)):
+        if slices < 1:
+            parser.error(f"{option} must be 1 or more")
+        if slices > 1 and (not args.interleave or args.profile):
+            parser.error(f"{option} takes the turn of --interleave, and --profile's readings are per level")
+        if args.cpu_busy and slices > 1:
+            parser.error(f"--cpu-busy reads one stretch of time per measurement: not with {option}")
+    if args.wave_slices > 1 and args.stagger_seconds > 0:
+        parser.error("--wave-slices slices waves: with --stagger-seconds the streams run out of step")
     if args.profile_gil and not args.profile:
         parser.error("--profile-gil chooses how --profile's py-spy samples: it needs --profile")
     args.variables = dict(args.set)

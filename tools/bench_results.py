@@ -52,8 +52,8 @@ class LevelResult:
     background_load: int = 0
     # --interleave: its place in the turn of the paths (turn_order; None: not interleaved, or an older bench)
     turn_index: int | None = None
-    # --one-stream-slices: the level was measured in this many slices, the turn once per slice, and this result adds
-    # up its path's slices (1: the whole level at once, as every run before)
+    # --one-stream-slices, --wave-slices: the level was measured in this many slices, the turn once per slice, and
+    # this result adds up its path's slices (1: the whole level at once, as every run before)
     slices: int = 1
     # the GPU's clocks, power and temperature while it was measured (tools/gpu_clocks.py; None without nvidia-smi,
     # or in results written before they were recorded); a sliced level's slices together

@@ -7,8 +7,8 @@ requests one after the other, so a round's wall time x streams / requests is the
 (its cycle), and the cycle less the requests' mean latency is the time between a response and the stream's next
 request (the client's turn-around and the level's ragged start and end). A path that trails the bare engine with
 the same time between requests loses inside them (the engine's steps, the server's hops); one with more time
-between them loses in the client or the trip back. One-stream levels measured in slices are left out (their wall
-time adds up slices).
+between them loses in the client or the trip back. Levels measured in slices (--one-stream-slices, --wave-slices)
+are left out (their wall time adds up slices).
 """
 
 from __future__ import annotations

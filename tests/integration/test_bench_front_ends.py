@@ -1,6 +1,7 @@
 """tools/bench.py's bare-front-ends paths on the real engine: one EngineCore, started by the benchmark's launcher,
 shared by an AsyncLLM client in each of the deployment's `core.front_ends` client processes (as the core's front
-ends share theirs), measured beside the bare engine in one command; and the bare engine's bare-delayed path."""
+ends share theirs), measured beside the bare engine in one command (the levels of several streams in slices of
+whole waves); and the bare engine's bare-delayed path."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
     args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
     args += ["--bare-delay-ms", str(DELAY_MS)]
     sockets_before, folders_before = vllm_ipc_sockets(), set(Path(tempfile.gettempdir()).glob("bench-engine-*"))
-    assert main([*args, "--reps", "1", "--interleave", "--out", str(tmp_path / "out")]) == 0
+    # the 4-stream level in 2 slices of 1 wave each (--wave-slices), the paths' turn once per slice
+    assert main([*args, "--reps", "1", "--interleave", "--wave-slices", "2", "--out", str(tmp_path / "out")]) == 0
     # the bare worker's and the launcher's engines named their ZMQ sockets in folders of their own, now gone
     assert vllm_ipc_sockets() <= sockets_before
     assert set(Path(tempfile.gettempdir()).glob("bench-engine-*")) <= folders_before
@@ -67,6 +69,7 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
         assert len(run["latencies"]) == REQUESTS and all(latency > 0 for latency in run["latencies"])
         streamed = run["path"] == "bare-front-ends-stream"
         assert len(run["ttfts"]) == (REQUESTS if streamed else 0), run["path"]
+        assert run["slices"] == (2 if run["concurrency"] == 4 else 1), run["path"]
     # the stand-in's samples inside the measurements, each its reading. Not in every one: a measurement can take less
     # than 100 ms here, and on a loaded CI machine the stand-in may get no CPU for that long (a one-stream `bare`
     # level once got none). The worker's longest (bare-delayed at one stream, its holds alone ~1.5 s) has them, and

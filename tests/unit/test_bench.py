@@ -16,8 +16,8 @@ from tools.bench import (
     SlicedLevels,
     check_generated_tokens,
     close_all,
+    level_slices,
     measure,
-    one_stream_slices,
     profile_level_argument,
     profiled_level,
     py_spy_command,
@@ -705,7 +705,8 @@ def test_stagger_spreads_the_streams_first_requests_over_it():
 def test_a_one_stream_level_in_slices_takes_the_turn_once_per_slice():
     bare, triton = _Group("bare", "bare-stream"), _Group("plain-grpc", "stream-grpc")
     levels = [{"concurrency": 1, "requests": 10}, {"concurrency": 64, "requests": 512}]
-    order = [(path, level) for _, path, _, level in schedule([bare, triton], levels, True, lambda level: 1, slices=4)]
+    scheduled = schedule([bare, triton], levels, True, lambda level: 1, one_stream_slices=4)
+    order = [(path, level) for _, path, _, level in scheduled]
     turn = ["plain-grpc", "bare", "bare-stream", "stream-grpc"]
     one_stream = [path for path, level in order if level["concurrency"] == 1]
     # the turn once per slice, reversed every other slice: each path first as often as last
@@ -718,10 +719,36 @@ def test_a_one_stream_level_in_slices_takes_the_turn_once_per_slice():
     # a loaded level is measured whole, once per path, as without slices
     assert [level["requests"] for path, level in order if level["concurrency"] == 64] == [512] * 4
     # fewer requests than slices: no empty slice
-    few = schedule([triton], [{"concurrency": 1, "requests": 2}], True, lambda level: 1, slices=4)
+    few = schedule([triton], [{"concurrency": 1, "requests": 2}], True, lambda level: 1, one_stream_slices=4)
     assert [level["requests"] for _, _, _, level in few] == [1, 1, 1, 1] and few[0][3]["slices"] == 2
     # not interleaved: no turn to slice, the levels whole
-    assert len(schedule([bare, triton], levels, False, lambda level: 1, slices=4)) == 8
+    assert len(schedule([bare, triton], levels, False, lambda level: 1, one_stream_slices=4)) == 8
+
+
+def test_a_level_of_several_streams_in_slices_of_whole_waves():
+    bare, triton = _Group("bare", "bare-stream"), _Group("plain-grpc", "stream-grpc")
+    levels = [{"concurrency": 1, "requests": 10}, {"concurrency": 256, "requests": 2048}]
+    order = schedule([bare, triton], levels, True, lambda level: 1, wave_slices=4)
+    turn = ["plain-grpc", "bare", "bare-stream", "stream-grpc"]
+    # the one-stream level whole (--one-stream-slices is its own option), then the turn once per slice of 2 waves
+    assert [(path, level["requests"]) for _, path, _, level in order[:4]] == [(path, 10) for path in turn]
+    loaded = [(path, level) for _, path, _, level in order[4:]]
+    assert [path for path, _ in loaded] == turn + turn[::-1] + turn + turn[::-1]
+    for path in turn:
+        slices = [level for measured, level in loaded if measured == path]
+        assert [level["requests"] for level in slices] == [512] * 4  # 2 waves of 256 each
+        assert [level["slice"] for level in slices] == [0, 1, 2, 3]
+        assert {(level["slices"], level["level_requests"]) for level in slices} == {(4, 2048)}
+    # whole waves only: 5 waves of 64 in 2 slices of 3 and 2 waves; requests beyond whole waves go with the last
+    assert [level["requests"] for level in level_slices({"concurrency": 64, "requests": 320}, waves=2)] == [192, 128]
+    assert [level["requests"] for level in level_slices({"concurrency": 64, "requests": 330}, waves=2)] == [192, 138]
+    # more slices than waves: one wave each, no empty slice; less than a wave, or one slice: the level whole
+    assert [level["requests"] for level in level_slices({"concurrency": 16, "requests": 48}, waves=8)] == [16] * 3
+    assert level_slices({"concurrency": 16, "requests": 12}, waves=4) == [{"concurrency": 16, "requests": 12}]
+    assert level_slices({"concurrency": 16, "requests": 64}) == [{"concurrency": 16, "requests": 64}]
+    # both options at once: each applies to its own levels
+    both = schedule([triton], levels, True, lambda level: 1, one_stream_slices=2, wave_slices=2)
+    assert [(level["concurrency"], level["requests"]) for _, _, _, level in both] == [(1, 5)] * 4 + [(256, 1024)] * 4
 
 
 def test_only_a_paths_first_slice_of_a_level_warms_up():
@@ -737,7 +764,7 @@ def test_only_a_paths_first_slice_of_a_level_warms_up():
 
     runner = Recording()
     whole = {"concurrency": 1, "max_tokens": 64, "requests": 32, "stagger": 0.0}
-    for level in [whole, *one_stream_slices(whole, 4), {**whole, "concurrency": 16, "requests": 64}]:
+    for level in [whole, *level_slices(whole, 4), {**whole, "concurrency": 16, "requests": 64}]:
         asyncio.run(measure(runner, [], level, None, None))
     # the whole level and the first slice warm up; the later slices find the path warm
     assert runner.warm == [False, False, True, True, True, False]
@@ -792,13 +819,21 @@ def test_a_paths_slices_add_up_to_one_measurement_of_the_level():
     assert sliced.complete("bare", 0, whole_level, measured) is measured
 
 
-def test_one_stream_slices_need_the_turn_of_interleave(tmp_path: Path, capsys):
+def test_slices_need_the_turn_of_interleave(tmp_path: Path, capsys):
     import tools.bench as bench
 
-    for options in (["--one-stream-slices", "4"], ["--one-stream-slices", "4", "--interleave", "--profile"]):
+    for option in ("--one-stream-slices", "--wave-slices"):
+        for options in ([option, "4"], [option, "4", "--interleave", "--profile"]):
+            with pytest.raises(SystemExit):
+                bench.main(["--paths", "bare", *options, "--out", str(tmp_path)])
+            assert f"{option} takes the turn of --interleave" in capsys.readouterr().err
         with pytest.raises(SystemExit):
-            bench.main(["--paths", "bare", *options, "--out", str(tmp_path)])
-        assert "--one-stream-slices takes the turn of --interleave" in capsys.readouterr().err
+            bench.main(["--paths", "bare", option, "4", "--interleave", "--cpu-busy", "--out", str(tmp_path)])
+        assert f"not with {option}" in capsys.readouterr().err
+    # waves out of step (--stagger-seconds) are not waves to slice
+    with pytest.raises(SystemExit):
+        bench.main(["--paths", "bare", "--wave-slices", "4", "--interleave", "--stagger-seconds", "0.5"])
+    assert "--wave-slices slices waves" in capsys.readouterr().err
 
 
 def test_fill_to_measures_only_the_repetitions_each_level_lacks(tmp_path: Path):
