@@ -18,7 +18,9 @@ Where both paths of a round were profiled (--profile), the engine's mean batch a
 other's, pooled the same way: a round's tok/s ratio is about the batch ratio over the step-time ratio, and the batch
 hardly moves with the machine's slow spells, which lengthen the steps.
 --pair again for more pairs (a variant's model beside the deployment's: --pair plain-grpc,extra:c15_vllm_model);
---each also lists every round's ratio, file by file. --below 0.9 for the streamed pair's target.
+--each also lists every round's ratio, file by file. --below 0.9 for the streamed pair's target. A path measured with
+different clients in different files (bare-delayed's holds: 0 ms is the bare engine against itself) is noted under
+its pair: pass the files of one client to keep them apart.
 --by-speed N also splits each level's rounds into N groups by how fast the pair ran (the machine's speed moves from
 round to round): per group the ratio and how many ms longer a request of the second path took. A cost fixed per
 request (or per wave) keeps its ms and lowers the ratio as the machine gets faster; a proportional one keeps the ratio.
@@ -56,6 +58,18 @@ def pooled_rates(docs: list[dict], first: str, second: str, min_streams: int) ->
             if concurrency >= min_streams and first in paths and second in paths:
                 pooled[(max_tokens, concurrency, stagger)].append((paths[first][1], paths[second][1]))
     return pooled
+
+
+def clients_across(docs: list[dict], path: str) -> dict[str, int]:
+    """The clients `path` was measured with (its results' recorded `client`), each with how many of the files hold
+    runs of it. A path means another measurement with another client: bare-delayed's client names its hold
+    (tools/bench_paths.py's recorded_client), so 0 ms (the bare engine against itself) and 60 ms are different
+    pairs. Files written before clients were recorded count as none."""
+    counts: dict[str, int] = defaultdict(int)
+    for doc in docs:
+        for client in {run.client for run in runs_of(doc) if run.path == path and run.client is not None}:
+            counts[client] += 1
+    return dict(counts)
 
 
 def pooled_ratios(docs: list[dict], first: str, second: str, min_streams: int) -> dict[Level, list[float]]:
@@ -225,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
             missing += 1
             continue
         print(f"{second} / {first} per round, pooled over {len(args.files)} file(s)")
+        for path in (first, second):
+            clients = clients_across(docs, path)
+            if len(clients) > 1:  # pooled all the same, but not the same measurement: say so
+                measured = ", ".join(f"{client} ({files} file(s))" for client, files in sorted(clients.items()))
+                print(f"  note: {path} was measured with different clients, pooled together here: {measured}")
         groups = in_step_groups(pooled)
         together = {in_step: pooled_over_levels(list(group.values()), args.below) for in_step, group in groups.items()}
         for level, ratios in sorted(pooled.items()):

@@ -242,3 +242,28 @@ def test_profiled_rounds_give_the_engines_mean_batch_and_step_time_apart_from_to
     file.write_text(json.dumps(_doc(*unprofiled)))
     assert main([str(file)]) == 0
     assert "the engine" not in capsys.readouterr().out
+
+
+def test_a_path_measured_with_different_clients_in_different_files_is_noted(tmp_path: Path, capsys):
+    def held(ms: float, tokens: int) -> dict:
+        return {**_run("bare-delayed", tokens, "0.0"), "client": f"in-process-delayed-{ms:g}ms"}
+
+    docs = {
+        "a.json": _doc({**_run("bare", 100, "0.0"), "client": "in-process"}, held(0, 100)),
+        "b.json": _doc({**_run("bare", 100, "0.0"), "client": "in-process"}, held(60, 90)),
+        "c.json": _doc(_run("bare", 100, "0.0"), {**_run("bare-delayed", 95, "0.0"), "client": None}),  # unrecorded
+    }
+    for name, doc in docs.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    files = [str(tmp_path / name) for name in docs]
+    assert main([*files, "--pair", "bare,bare-delayed"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  note: bare-delayed was measured with different clients, pooled together here:"
+        " in-process-delayed-0ms (1 file(s)), in-process-delayed-60ms (1 file(s))"
+    ) in out
+    assert "64 tokens x 64 streams: 3 rounds" in out  # still pooled: the note says what was
+    assert "note: bare " not in out  # bare's one client (and a file that did not record it) is no note
+    # the files of one client: no note
+    assert main([files[0], "--pair", "bare,bare-delayed"]) == 0
+    assert "note:" not in capsys.readouterr().out
