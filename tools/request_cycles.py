@@ -8,7 +8,8 @@ requests one after the other, so a round's wall time x streams / requests is the
 request (the client's turn-around and the level's ragged start and end). A path that trails the bare engine with
 the same time between requests loses inside them (the engine's steps, the server's hops); one with more time
 between them loses in the client or the trip back. Levels measured in slices (--one-stream-slices, --wave-slices)
-are left out (their wall time adds up slices).
+are shown apart: their wall time adds up the slices', and each slice starts its streams together, so their time
+between requests holds every slice's ragged start and end (the same for every path of the level).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.bench_results import LevelResult, percentile, runs_of  # noqa: E402
 from tools.pair_spread import read  # noqa: E402
-from tools.pool_rounds import Level  # noqa: E402
+
+# max_tokens, concurrency, stagger_seconds (0: waves), slices (1: measured whole)
+Level = tuple[int, int, float, int]
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,8 @@ class Cycle:
 
 
 def cycle_of(run: LevelResult) -> Cycle | None:
-    """None for a level without its latencies or measured in slices."""
-    if not run.latencies or run.slices > 1 or run.requests <= 0:
+    """None for a level without its latencies."""
+    if not run.latencies or run.requests <= 0:
         return None
     cycle = run.wall * run.concurrency / run.requests
     batch = (run.engine_steps or {}).get("running_mean")
@@ -60,14 +63,14 @@ def cycle_of(run: LevelResult) -> Cycle | None:
 
 
 def cycles(runs: list[LevelResult], paths: list[str] | None, min_streams: int) -> dict[Level, dict[str, list[Cycle]]]:
-    """(max_tokens, concurrency, stagger) -> path -> its rounds' cycles, in the runs' order."""
+    """(max_tokens, concurrency, stagger, slices) -> path -> its rounds' cycles, in the runs' order."""
     found: dict[Level, dict[str, list[Cycle]]] = {}
     for run in runs:
         if run.concurrency < min_streams or (paths and run.path not in paths) or run.background_load:
             continue
         cycle = cycle_of(run)
         if cycle is not None:
-            level = (run.max_tokens, run.concurrency, run.stagger_seconds)
+            level = (run.max_tokens, run.concurrency, run.stagger_seconds, run.slices)
             found.setdefault(level, {}).setdefault(run.path, []).append(cycle)
     return found
 
@@ -92,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         "ms per round: cycle (a stream's time per request) = mean latency + between requests; latency p10-p90;"
         " outside: of the cycle, out of the engine's batch (profiled rounds)"
     )
-    for (max_tokens, concurrency, stagger), by_path in sorted(found.items()):
+    for (max_tokens, concurrency, stagger, slices), by_path in sorted(found.items()):
         out_of_step = f", out of step by {stagger:g} s" if stagger else ""
-        print(f"{max_tokens} tokens x {concurrency} streams{out_of_step}")
+        sliced = f", in {slices} slices" if slices > 1 else ""
+        print(f"{max_tokens} tokens x {concurrency} streams{out_of_step}{sliced}")
         for path, rounds in sorted(by_path.items()):
             outside = [c.outside for c in rounds]
             print(

@@ -29,9 +29,23 @@ def test_the_cycle_is_wall_times_streams_over_requests_and_between_is_what_laten
     assert (cycle.p10, cycle.p90) == (0.5, 1.0)
 
 
-def test_levels_without_latencies_or_measured_in_slices_have_no_cycle():
+def test_a_level_without_latencies_has_no_cycle():
     assert cycle_of(_run("bare", 2.0, [])) is None
-    assert cycle_of(_run("bare", 2.0, [0.5] * 8, slices=8)) is None  # the wall time adds up slices
+
+
+def test_a_sliced_level_is_its_slices_added_up_and_kept_apart_from_whole_ones(tmp_path: Path, capsys):
+    # 2 slices of 4 requests each at 4 streams, 1.2 s each: 2.4 s for 8 requests, a 1.2 s cycle
+    sliced = _run("bare", 2.4, [1.0] * 8, slices=2)
+    cycle = cycle_of(sliced)
+    assert cycle is not None and cycle.cycle == pytest.approx(1.2) and cycle.between == pytest.approx(0.2)
+    whole = _run("bare", 2.0, [0.9] * 8)
+    assert set(cycles([sliced, whole], None, min_streams=4)) == {(64, 4, 0.0, 2), (64, 4, 0.0, 1)}
+    file = tmp_path / "results.json"
+    file.write_text(json.dumps({"runs": [asdict(sliced), asdict(whole)]}))
+    assert main([str(file), "--min-streams", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "64 tokens x 4 streams\n  bare                     cycle 1000 " in out
+    assert "64 tokens x 4 streams, in 2 slices\n  bare                     cycle 1200 " in out
 
 
 def test_cycles_group_rounds_per_level_and_path_and_keep_out_of_step_levels_apart():
@@ -44,10 +58,10 @@ def test_cycles_group_rounds_per_level_and_path_and_keep_out_of_step_levels_apar
         _run("bare", 9.0, [4.0] * 8, background_load=4),  # not the workload the others measured
     ]
     found = cycles(runs, None, min_streams=4)
-    assert set(found) == {(64, 4, 0.0), (64, 4, 0.7)}
-    assert [round(c.between, 3) for c in found[(64, 4, 0.0)]["bare"]] == [0.1, 0.1]
-    assert [round(c.between, 3) for c in found[(64, 4, 0.0)]["plain-grpc"]] == [0.02]
-    assert set(cycles(runs, ["plain-grpc"], min_streams=4)[(64, 4, 0.0)]) == {"plain-grpc"}
+    assert set(found) == {(64, 4, 0.0, 1), (64, 4, 0.7, 1)}
+    assert [round(c.between, 3) for c in found[(64, 4, 0.0, 1)]["bare"]] == [0.1, 0.1]
+    assert [round(c.between, 3) for c in found[(64, 4, 0.0, 1)]["plain-grpc"]] == [0.02]
+    assert set(cycles(runs, ["plain-grpc"], min_streams=4)[(64, 4, 0.0, 1)]) == {"plain-grpc"}
 
 
 def test_it_prints_each_paths_rounds_in_ms(tmp_path: Path, capsys):
