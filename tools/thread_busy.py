@@ -1,6 +1,6 @@
 """Which threads of a running process are busy, and for how long at a stretch (Linux).
 
-    python tools/thread_busy.py PID [--seconds 10] [--period 0.01] [--top 12] [--pick-seconds 1]
+    python tools/thread_busy.py PID [--seconds 10] [--period 0.01] [--top 12] [--pick-seconds 5]
 
 Each thread's CPU comes from /proc/PID/task/TID/schedstat (nanoseconds on the CPU, not the 10 ms ticks of `stat`).
 It reads every thread once, waits --pick-seconds, and keeps the --top threads that used the most CPU meanwhile (a
@@ -9,7 +9,9 @@ it reads those every --period for --seconds and prints, per thread: its name and
 many windows it was at least 90 % busy, and its longest run of such windows. Start it while the load runs
 (e.g. beside a `tools/bench.py` level of many streams). A thread that serializes a burst of work, as Triton 2.51's
 two gRPC handler threads may at a wave's boundary (docs/performance-gpu.md, session 65), shows as runs of full
-windows; the mean over seconds hides them.
+windows; the mean over seconds hides them. With `tools/bench.py --interleave` the paths take turns every 1-3 s,
+so the picking should span a whole turn (the default 5 s: about one turn of four paths at 256 streams): one second
+may fall on a path that leaves the server idle (the bare engine's), and the threads picked then are the idle ones.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to sample the picked threads")
     parser.add_argument("--period", type=float, default=0.01, help="seconds a window")
     parser.add_argument("--top", type=int, default=12, help="how many of the busiest threads to sample")
-    parser.add_argument("--pick-seconds", type=float, default=1.0, help="how long to watch every thread to pick them")
+    parser.add_argument("--pick-seconds", type=float, default=5.0, help="how long to watch every thread to pick them")
     args = parser.parse_args(argv)
     if not os.path.exists(f"/proc/{args.pid}/task"):
         parser.error(f"no process {args.pid}")
