@@ -26,7 +26,7 @@ from tools.bench_results import LevelResult, percentile, runs_of  # noqa: E402
 from tools.pair_spread import read  # noqa: E402
 
 # max_tokens, concurrency, stagger_seconds (0: waves), slices (1: measured whole)
-Level = tuple[int, int, float, int]
+LevelKey = tuple[int, int, float, int]
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,11 @@ def cycle_of(run: LevelResult) -> Cycle | None:
     )
 
 
-def cycles(runs: list[LevelResult], paths: list[str] | None, min_streams: int) -> dict[Level, dict[str, list[Cycle]]]:
+def cycles(
+    runs: list[LevelResult], paths: list[str] | None, min_streams: int
+) -> dict[LevelKey, dict[str, list[Cycle]]]:
     """(max_tokens, concurrency, stagger, slices) -> path -> its rounds' cycles, in the runs' order."""
-    found: dict[Level, dict[str, list[Cycle]]] = {}
+    found: dict[LevelKey, dict[str, list[Cycle]]] = {}
     for run in runs:
         if run.concurrency < min_streams or (paths and run.path not in paths) or run.background_load:
             continue
