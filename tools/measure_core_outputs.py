@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import queue
+import shutil
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import zmq
 
@@ -39,7 +39,7 @@ def step_costs(clients: int, batch: int, steps: int) -> tuple[float, float, int]
     from vllm.v1.serial_utils import MsgpackEncoder
 
     context = zmq.Context()
-    folder = Path(tempfile.mkdtemp(prefix="core-outputs-"))
+    folder = tempfile.mkdtemp(prefix="core-outputs-")
     senders, receivers = [], []
     for index in range(clients):
         path = f"ipc://{folder}/client-{index}"
@@ -86,9 +86,7 @@ def step_costs(clients: int, batch: int, steps: int) -> tuple[float, float, int]
         for socket in senders + receivers:
             socket.close(0)
         context.term()
-        for leftover in folder.iterdir():
-            leftover.unlink()
-        folder.rmdir()
+        shutil.rmtree(folder)
     return 1e6 * scheduler / steps, 1e6 * output / steps, len(received)
 
 
