@@ -149,7 +149,7 @@ from tools.bench_clients import (  # noqa: E402
     engine_sender,
     generated_tokens,
     open_runner,
-    split,
+    slice_shares,
 )
 from tools.bench_paths import BARE_DELAY_MS, PATH_CLIENTS, client_of, engine_groups, turn_order  # noqa: E402
 from tools.bench_results import LevelResult, ResultsFile, judged, load_runs, plot, print_table  # noqa: E402
@@ -529,16 +529,26 @@ async def measure(
         "output_tokens": sum(s.output_tokens for s in run.samples),
         "cpu_seconds": cpu,
         "latencies": [round(s.latency, 5) for s in run.samples],
+        "waves": [s.wave for s in run.samples],
         "ttfts": [round(s.ttft, 5) for s in run.samples if s.ttft is not None],
         "client_cpu_seconds": run.client_cpu_seconds,
         **({} if watch is None else watch.report()),
     }
 
 
+def numbered_on(waves: list[list[int]]) -> list[int]:
+    """Slices' wave numbers (each from 0) as one level's: each slice's go on from the slice before's last."""
+    numbered: list[int] = []
+    for part in waves:
+        start = max(numbered, default=-1) + 1
+        numbered += [start + wave for wave in part]
+    return numbered
+
+
 def add_slices(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One path's slices of a level (measure's results, level_slices) as one measurement: its time, tokens and
-    CPU added up, its requests' latencies and first tokens together. (--profile's per-level readings are refused with
-    slices: they describe one stretch of time.)"""
+    CPU added up, its requests' latencies and first tokens together, each slice's waves numbered on from the slice
+    before's. (--profile's per-level readings are refused with slices: they describe one stretch of time.)"""
 
     def total(key: str) -> float | None:
         values = [part[key] for part in parts]
@@ -550,6 +560,7 @@ def add_slices(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "output_tokens": total("output_tokens"),
         "cpu_seconds": total("cpu_seconds"),
         "latencies": [latency for part in parts for latency in part["latencies"]],
+        "waves": numbered_on([part["waves"] for part in parts]),
         "ttfts": [ttft for part in parts for ttft in part["ttfts"]],
         "client_cpu_seconds": total("client_cpu_seconds"),
     }
@@ -883,16 +894,11 @@ def level_slices(level: dict[str, Any], one_stream: int = 1, waves: int = 1) -> 
     is a run of the waves that the whole level is made of, and the paths compared take turns every few waves:
     the machine's slow spells of a few seconds (docs/performance-gpu.md) then fall on both instead of on one."""
     concurrency = level["concurrency"]
-    if (one_stream if concurrency == 1 else waves) <= 1:
+    slices = one_stream if concurrency == 1 else waves
+    if slices <= 1:
         return [level]
     requests = level["requests"]
-    if concurrency == 1:
-        shares = [share for share in split(requests, one_stream) if share]
-    else:
-        whole_waves, rest = divmod(requests, concurrency)
-        shares = [count * concurrency for count in split(whole_waves, waves) if count]
-        if shares:
-            shares[-1] += rest
+    shares = slice_shares(requests, concurrency, slices)
     if len(shares) <= 1:
         return [level]
     return [

@@ -36,6 +36,9 @@ class Sample:
     latency: float
     ttft: float | None
     output_tokens: int
+    # the wave it went out in: request i of a level's N streams (of one client process's share) is sent when a
+    # stream is free, in order, so in wave i // N (tools/wave_latencies.py reads a level wave by wave)
+    wave: int = 0
 
 
 @dataclass(frozen=True)
@@ -479,7 +482,8 @@ async def run_level(
         async with gate:
             if stagger and i < concurrency:  # holding its slot: a later request must not start the stream early
                 await asyncio.sleep(stagger * (i + phase) / concurrency)
-            samples.append(await send(prompts[i % len(prompts)], max_tokens))
+            sample = await send(prompts[i % len(prompts)], max_tokens)
+            samples.append(replace(sample, wave=i // concurrency))
             if progress is not None:
                 progress.update(1)
 
@@ -540,6 +544,21 @@ class InProcessRunner:
 def split(count: int, parts: int) -> list[int]:
     """`count` spread over `parts` as evenly as possible (the first ones get the remainder)."""
     return [count // parts + (1 if i < count % parts else 0) for i in range(parts)]
+
+
+def slice_shares(requests: int, concurrency: int, slices: int) -> list[int]:
+    """A level's requests as the slices it is measured in (tools/bench.py level_slices): at one stream shared
+    out; with several, whole waves each (any requests beyond whole waves with the last). One share: measured whole."""
+    if slices <= 1:
+        return [requests]
+    if concurrency == 1:
+        shares = [share for share in split(requests, slices) if share]
+    else:
+        whole_waves, rest = divmod(requests, concurrency)
+        shares = [count * concurrency for count in split(whole_waves, slices) if count]
+        if shares:
+            shares[-1] += rest
+    return shares if len(shares) > 1 else [requests]
 
 
 def _client_process(spec: ClientSpec, connection: Any) -> None:

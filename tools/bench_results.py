@@ -61,6 +61,9 @@ class LevelResult:
     # --cpu-busy: how many CPUs (the engine's loop's left out) were busy at once while it was measured
     # (tools/cpu_busy.py); None without the flag, or for a level shorter than two readings (~40 ms)
     cpu_busy: dict[str, Any] | None = None
+    # each request's wave (bench_clients.Sample.wave; a sliced level's numbered on over its slices), in the
+    # latencies' order; [] in results written before they were recorded (tools/wave_latencies.py)
+    waves: list[int] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:

@@ -692,6 +692,31 @@ def _request_starts(stagger: float, phase: float = 0.0) -> list[float]:
     return [t - begun for t in starts]
 
 
+def test_each_sample_knows_the_wave_it_went_out_in():
+    durations = iter([0.55, 0.1, 0.1, 0.1, 0.1, 0.1])  # by the order the requests go out
+
+    async def send(prompt: Prompt, max_tokens: int) -> Sample:
+        await asyncio.sleep(next(durations))
+        return Sample(0.1, None, max_tokens)
+
+    async def level() -> list[Sample]:
+        samples, _ = await run_level(send, [Prompt([1], "a")], 2, 6, 16)
+        return samples
+
+    with asyncio.Runner(loop_factory=_VirtualClockLoop) as runner:
+        samples = runner.run(level())
+    # 2 streams, 6 requests: requests 0-1 go out in wave 0, 2-3 in wave 1, 4-5 in wave 2 (i // streams); listed as
+    # they finished, the first request's (0.55 s) last, after the other stream's five
+    assert [s.wave for s in samples] == [0, 1, 1, 2, 2, 0]
+
+
+def test_slices_waves_are_numbered_on_over_the_level():
+    from tools.bench import numbered_on
+
+    assert numbered_on([[0, 0, 1, 1], [0, 0, 1, 1, 2]]) == [0, 0, 1, 1, 2, 2, 3, 3, 4]
+    assert numbered_on([[], [0, 1]]) == [0, 1]
+
+
 def test_stagger_spreads_the_streams_first_requests_over_it():
     # by default a level's streams start at once
     assert _request_starts(0.0) == pytest.approx([0.0] * 4 + [0.5] * 4, abs=1e-6)
@@ -798,7 +823,8 @@ def test_a_paths_slices_add_up_to_one_measurement_of_the_level():
         ttfts = [latency / 10 for latency in latencies]
         tokens = 64 * len(latencies)
         return {"wall": wall, "output_tokens": tokens, "cpu_seconds": cpu, "latencies": latencies, "ttfts": ttfts,
-                "client_cpu_seconds": 0.5, "gpu_samples": gpu_samples or []}  # fmt: skip
+                "waves": list(range(len(latencies))), "client_cpu_seconds": 0.5,
+                "gpu_samples": gpu_samples or []}  # fmt: skip
 
     assert sliced.complete("bare", 0, level, part(0.2, [0.1, 0.1], 1.0, ["a"])) is None  # a slice to come
     assert sliced.complete("plain-grpc", 0, level, part(0.3, [0.15, 0.15], None)) is None  # another path's
@@ -806,6 +832,7 @@ def test_a_paths_slices_add_up_to_one_measurement_of_the_level():
     assert whole == {
         "wall": pytest.approx(0.6), "output_tokens": 256, "cpu_seconds": pytest.approx(3.0),
         "latencies": [0.1, 0.1, 0.2, 0.2], "ttfts": [0.01, 0.01, 0.02, 0.02], "client_cpu_seconds": 1.0,
+        "waves": [0, 1, 2, 3],  # each slice's waves numbered on from the slice before's
         "gpu_samples": ["a", "b", "c"],  # the GPU's samples of every slice, summed up by the caller
     }  # fmt: skip
     del whole["gpu_samples"]
