@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.bench import build_parser  # noqa: E402
 from tools.bench_clients import slice_shares, split  # noqa: E402
 from tools.bench_results import LevelResult, runs_of  # noqa: E402
 from tools.pair_spread import read  # noqa: E402
@@ -42,18 +43,15 @@ RoundKey = tuple[int, str, int, int]
 
 
 def client_processes(doc: dict[str, Any], round_id: str) -> int:
-    """--client-processes of the command that measured round `round_id` ("command.repetition"); 1 if not given."""
+    """--client-processes of the command that measured round `round_id` ("command.repetition"), as bench.py's own
+    parser reads it (pair_spread reads older commands so too); 1 when the command is not in the file."""
     commands = doc.get("commands") or []
     try:
-        words = shlex.split(commands[int(str(round_id).split(".")[0])]["command"])
+        command = commands[int(str(round_id).split(".")[0])]["command"]
     except (ValueError, IndexError, KeyError, TypeError):
         return 1
-    for index, word in enumerate(words):
-        if word == "--client-processes" and index + 1 < len(words):
-            return int(words[index + 1])
-        if word.startswith("--client-processes="):
-            return int(word.split("=", 1)[1])
-    return 1
+    args, _ = build_parser().parse_known_args(shlex.split(command)[1:])  # options of today's bench only
+    return args.client_processes
 
 
 def waves_by_layout(run: LevelResult, processes: int) -> list[int]:
