@@ -281,7 +281,7 @@ def tokens_per_round(results: list[LevelResult]) -> dict[tuple[int, int], dict[s
     return by_round
 
 
-def _round_order(round_id: str) -> tuple[int, ...]:
+def round_order(round_id: str) -> tuple[int, ...]:
     """LevelResult.round_id ("command.repetition") as numbers: "10.0" after "2.1"."""
     return tuple(int(part) for part in round_id.split("."))
 
@@ -292,7 +292,7 @@ def paired_series(rounds: dict[str, dict[str, float]], path: str) -> dict[str, l
     mine = rounds.get(path, {})
     series = {}
     for other, theirs in rounds.items():
-        common = sorted(set(mine) & set(theirs), key=_round_order)
+        common = sorted(set(mine) & set(theirs), key=round_order)
         if other != path and common:
             series[other] = [mine[r] / theirs[r] for r in common]
     return series

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench_results import LevelResult, runs_of  # noqa: E402
+from tools.bench_results import LevelResult, round_order, runs_of  # noqa: E402
 from tools.pair_spread import read  # noqa: E402
 
 DEFAULT_PAIRS = ("bare,plain-grpc", "bare-stream,stream-grpc")
@@ -85,7 +85,7 @@ def differences(
             if parts is not None and run.round_id:
                 level = (run.max_tokens, run.concurrency, run.stagger_seconds, run.slices)
                 rounds.setdefault((level, run.round_id), {})[run.path] = parts
-        for (level, _), by_path in sorted(rounds.items(), key=lambda item: _order(item[0][1])):
+        for (level, _), by_path in sorted(rounds.items(), key=lambda item: round_order(item[0][1])):
             if reference in by_path and path in by_path:
                 ours, theirs = by_path[path], by_path[reference]
                 found.setdefault(level, []).append(
@@ -95,10 +95,6 @@ def differences(
                     )
                 )
     return found
-
-
-def _order(round_id: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in round_id.split("."))
 
 
 def _signed(values: list[float]) -> str:
