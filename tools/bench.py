@@ -532,6 +532,8 @@ async def measure(
         "waves": [s.wave for s in run.samples],
         "ttfts": [round(s.ttft, 5) for s in run.samples if s.ttft is not None],
         "client_cpu_seconds": run.client_cpu_seconds,
+        # the bare-front-ends paths' client processes count their own trips to and from the EngineCore
+        **({} if run.engine_lags is None else {"engine_lags": run.engine_lags}),
         **({} if watch is None else watch.report()),
     }
 
@@ -722,7 +724,8 @@ class FrontEndsGroup:
         self.socket_dir = Path(tempfile.mkdtemp(prefix="bench-fe-"))  # short: IPC paths fit 107 bytes
         setup, count = self.setup, self.setup.front_ends
         spec = {
-            # statistics on under --profile, as the bare engine's (not collected: no engine table for these paths)
+            # statistics on under --profile, as the bare engine's: each client process, a front end, counts its
+            # trips to and from the EngineCore (engine_lags); the engine's steps are not collected for these paths
             "engine_args": profiled_engine_args(setup.engine_args) if self.args.profile else setup.engine_args,
             "engine_cpus": setup.engine_cpus,
             "front_ends": count,

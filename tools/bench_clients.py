@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from core.engine_lags import EngineLags, LagSnapshot, combine
+
 # `vllm serve` closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default); aiohttp keeps idle ones
 # 15 s, so after a long concurrency-1 level the next level reused connections the server was closing (measured on
 # the H100: "Server disconnected" at 256 tokens x 16). Drop them first.
@@ -326,13 +328,32 @@ def _attached_front_end(spec_file: str, index: int) -> Any:
     return llm
 
 
+@functools.cache
+def _front_end_lags(spec_file: str, index: int) -> EngineLags:
+    """This process's front end's trips to and from the EngineCore, for both client kinds (counted only when
+    vLLM's statistics are on: the launcher's engine args under --profile, as the bare engine's)."""
+    return EngineLags()
+
+
+def front_end_lags(spec: ClientSpec) -> EngineLags | None:
+    """The EngineLags of a client process whose client is an engine front end; None for other kinds."""
+    if spec.kind not in ("engine-front-end", "engine-front-end-stream"):
+        return None
+    return _front_end_lags(spec.address, spec.index)
+
+
 async def _engine_front_end_client(spec: ClientSpec, stream: bool) -> tuple[Send, Callable[[], Awaitable[None]]]:
     llm = _attached_front_end(spec.address, spec.index)
+    lags = front_end_lags(spec)
+    assert lags is not None
+
+    def lag(output: Any, submitted: float, first: bool) -> None:
+        lags.output(output.metrics, submitted, first, output.finished)
 
     async def close() -> None:  # the process's front end serves its other kind too; it ends with the process
         pass
 
-    return engine_sender(llm, stream, f"fe{spec.index}"), close
+    return engine_sender(llm, stream, f"fe{spec.index}", lag), close
 
 
 # grpc-stream: a stream per concurrent slot, reused by its requests; grpc-stream-per-request: a new stream each
@@ -508,6 +529,9 @@ class LevelRun:
     samples: list[Sample]
     wall: float
     client_cpu_seconds: float
+    # the engine front ends' trips to and from the EngineCore over the level (core/engine_lags.py), where the client
+    # processes are front ends with vLLM's statistics on (--profile); None otherwise
+    engine_lags: dict[str, Any] | None = None
 
 
 class InProcessRunner:
@@ -582,14 +606,19 @@ async def _serve_levels(spec: ClientSpec, connection: Any) -> None:
                     clients[kind] = await open_client(replace(spec, kind=kind))
                 send = clients[kind][0]
                 await warm_up(send, prompts, concurrency, max_tokens, warm)
+                lags = front_end_lags(replace(spec, kind=kind))
                 connection.send("ready")
                 if await loop.run_in_executor(None, connection.recv) is None:  # "go" (all start together)
                     return  # closed instead: another process's warm-up failed
+                if lags is not None:
+                    lags.snapshot()  # the level's count starts here: not the warm-up's
                 cpu, start = time.process_time(), time.perf_counter()
                 samples, _ = await run_level(
                     send, prompts, concurrency, total, max_tokens, stagger=stagger, phase=phase
                 )
-                connection.send((start, time.perf_counter(), samples, time.process_time() - cpu))
+                ended, used = time.perf_counter(), time.process_time() - cpu
+                counted = None if lags is None else lags.snapshot().as_dict()
+                connection.send((start, ended, samples, used, counted))
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
                 connection.send(RuntimeError(f"client process: {type(exc).__name__}: {exc}"))
     finally:
@@ -661,7 +690,8 @@ class ProcessPoolRunner:
             progress.update(self._total)
         samples = [sample for reply in replies for sample in reply[2]]
         wall = max(reply[1] for reply in replies) - min(reply[0] for reply in replies)
-        return LevelRun(samples, wall, sum(reply[3] for reply in replies))
+        lags = combine([LagSnapshot(**reply[4]) for reply in replies if reply[4] is not None])
+        return LevelRun(samples, wall, sum(reply[3] for reply in replies), None if lags is None else lags.as_dict())
 
     async def close(self) -> None:
         for connection in self._connections:

@@ -92,3 +92,23 @@ def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path:
     draws = sorted(rng.uniform(0.0, DELAY_MS / 1000) for _ in range(REQUESTS + 1))
     (one_stream,) = [run for run in runs if run["path"] == "bare-delayed" and run["concurrency"] == 1]
     assert sum(one_stream["latencies"]) >= sum(draws[:REQUESTS])
+
+
+def test_profiled_front_ends_count_their_trips_to_and_from_the_engine_core(tiny_model, tmp_path: Path):
+    # --profile turns vLLM's statistics on for the launcher's engine as for the bare engine's: each client process,
+    # a front end, counts its requests' intake, return and time inside the EngineCore, and the level's counts are
+    # the processes' together (tools/latency_parts.py puts them beside the bare engine's)
+    paths = "bare,bare-front-ends,bare-front-ends-stream"
+    args = ["--deployment", str(_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "4"]
+    args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
+    assert main([*args, "--reps", "1", "--profile", "--out", str(tmp_path / "out")]) == 0
+    runs = {run["path"]: run for run in json.loads((tmp_path / "out" / "results.json").read_text())["runs"]}
+    for path in paths.split(","):
+        lags = runs[path]["engine_lags"]
+        # every measured request counted once, not the warm-up's: its first output, and its end inside the engine
+        assert lags["requests"] == lags["finished"] == REQUESTS, (path, lags)
+        assert 0 < lags["intake_ms"] < 10_000 and 0 < lags["return_ms"] < 10_000, (path, lags)
+        assert 0 < lags["token_ms"] < 10_000 and 0 < lags["prefill_ms"] < 10_000, (path, lags)
+    # a plain request has one (final) output; a streamed one an output per delta (vLLM's stream_interval: 1 here)
+    assert runs["bare-front-ends"]["engine_lags"]["outputs"] == REQUESTS
+    assert runs["bare-front-ends-stream"]["engine_lags"]["outputs"] > REQUESTS
