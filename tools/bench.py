@@ -145,6 +145,7 @@ from tools.bench_clients import (  # noqa: E402
     ProcessPoolRunner,
     Prompt,
     Runner,
+    counting,
     delayed,
     engine_sender,
     generated_tokens,
@@ -471,11 +472,7 @@ async def bare_worker(spec: dict[str, Any], commands: Any, answers: Any) -> None
         engine_args, stat_loggers = profiled_engine_args(engine_args), [stat_logger_factory(steps)]
     llm = start_bare_engine(engine_args, spec["engine_cpus"], stat_loggers)
 
-    def lag(output: Any, submitted: float, first: bool) -> None:
-        assert lags is not None
-        lags.output(output.metrics, submitted, first, output.finished)
-
-    on_output = lag if lags is not None else None
+    on_output = counting(lags) if lags is not None else None
     prompts = [Prompt(ids, "") for ids in spec["prompts"]]
     runners = {
         path: InProcessRunner(engine_sender(llm, path == "bare-stream", "bare", on_output))

@@ -328,6 +328,10 @@ def _attached_front_end(spec_file: str, index: int) -> Any:
     return llm
 
 
+# engine-front-end(-stream): an AsyncLLM front end of the benchmark's shared EngineCore, in this process
+FRONT_END_KINDS = ("engine-front-end", "engine-front-end-stream")
+
+
 @functools.cache
 def _front_end_lags(spec_file: str, index: int) -> EngineLags:
     """This process's front end's trips to and from the EngineCore, for both client kinds (counted only when
@@ -337,27 +341,30 @@ def _front_end_lags(spec_file: str, index: int) -> EngineLags:
 
 def front_end_lags(spec: ClientSpec) -> EngineLags | None:
     """The EngineLags of a client process whose client is an engine front end; None for other kinds."""
-    if spec.kind not in ("engine-front-end", "engine-front-end-stream"):
+    if spec.kind not in FRONT_END_KINDS:
         return None
     return _front_end_lags(spec.address, spec.index)
 
 
+def counting(lags: EngineLags) -> Callable[[Any, float, bool], None]:
+    """engine_sender's `on_output` that counts each output's trips to and from the EngineCore in `lags`."""
+
+    def count(output: Any, submitted: float, first: bool) -> None:
+        lags.output(output.metrics, submitted, first, output.finished)
+
+    return count
+
+
 async def _engine_front_end_client(spec: ClientSpec, stream: bool) -> tuple[Send, Callable[[], Awaitable[None]]]:
     llm = _attached_front_end(spec.address, spec.index)
-    lags = front_end_lags(spec)
-    assert lags is not None
-
-    def lag(output: Any, submitted: float, first: bool) -> None:
-        lags.output(output.metrics, submitted, first, output.finished)
 
     async def close() -> None:  # the process's front end serves its other kind too; it ends with the process
         pass
 
-    return engine_sender(llm, stream, f"fe{spec.index}", lag), close
+    return engine_sender(llm, stream, f"fe{spec.index}", counting(_front_end_lags(spec.address, spec.index))), close
 
 
 # grpc-stream: a stream per concurrent slot, reused by its requests; grpc-stream-per-request: a new stream each
-# engine-front-end(-stream): an AsyncLLM front end of the benchmark's shared EngineCore, in this process
 CLIENT_KINDS = (
     "grpc-infer",
     "grpc-stream",
@@ -365,8 +372,7 @@ CLIENT_KINDS = (
     "http-generate",
     "openai",
     "openai-stream",
-    "engine-front-end",
-    "engine-front-end-stream",
+    *FRONT_END_KINDS,
 )
 
 
@@ -379,7 +385,7 @@ async def open_client(spec: ClientSpec) -> tuple[Send, Callable[[], Awaitable[No
         return await _grpc_client(spec, spec.kind == "grpc-stream-per-request")
     if spec.kind in ("http-generate", "openai", "openai-stream"):
         return await _http_client(spec, spec.kind)
-    if spec.kind in ("engine-front-end", "engine-front-end-stream"):
+    if spec.kind in FRONT_END_KINDS:
         return await _engine_front_end_client(spec, spec.kind == "engine-front-end-stream")
     raise ValueError(f"unknown client kind {spec.kind!r}; one of {', '.join(CLIENT_KINDS)}")
 
