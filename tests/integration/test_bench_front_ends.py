@@ -109,6 +109,7 @@ def test_profiled_front_ends_count_their_trips_to_and_from_the_engine_core(tiny_
         assert lags["requests"] == lags["finished"] == REQUESTS, (path, lags)
         assert 0 < lags["intake_ms"] < 10_000 and 0 < lags["return_ms"] < 10_000, (path, lags)
         assert 0 < lags["token_ms"] < 10_000 and 0 < lags["prefill_ms"] < 10_000, (path, lags)
-    # a plain request has one (final) output; a streamed one an output per delta (vLLM's stream_interval: 1 here)
+    # a plain request has one (final) output; a streamed one at least one: an output per delta, but vLLM merges the
+    # deltas its consumer has not taken yet (on a loaded 2-core machine all 8 tokens of a request can come as one)
     assert runs["bare-front-ends"]["engine_lags"]["outputs"] == REQUESTS
-    assert runs["bare-front-ends-stream"]["engine_lags"]["outputs"] > REQUESTS
+    assert runs["bare-front-ends-stream"]["engine_lags"]["outputs"] >= REQUESTS
