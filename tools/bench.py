@@ -721,12 +721,13 @@ class FrontEndsGroup:
         self.socket_dir = Path(tempfile.mkdtemp(prefix="bench-fe-"))  # short: IPC paths fit 107 bytes
         setup, count = self.setup, self.setup.front_ends
         spec = {
-            # statistics on under --profile, as the bare engine's: each client process, a front end, counts its
-            # trips to and from the EngineCore (engine_lags); the engine's steps are not collected for these paths
+            # statistics on under --profile, as the bare engine's (the engine's steps are not collected for these
+            # paths; each client process's trips to and from the EngineCore are: "profile")
             "engine_args": profiled_engine_args(setup.engine_args) if self.args.profile else setup.engine_args,
             "engine_cpus": setup.engine_cpus,
             "front_ends": count,
             "socket_dir": str(self.socket_dir),
+            "profile": self.args.profile,  # each client process then counts its trips to and from the EngineCore
         }
         log = self.args.out / "front-ends.log"
         self.launcher = WorkerProcess("--front-ends-launcher", spec, log)

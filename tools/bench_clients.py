@@ -309,6 +309,12 @@ def delayed(send: Send, max_delay: float, seed: int = 0) -> Send:
 
 
 @functools.cache
+def _front_ends_spec(spec_file: str) -> dict[str, Any]:
+    """The front-ends launcher's spec (tools/bench.py's FrontEndsGroup), read once per client process."""
+    return json.loads(Path(spec_file).read_text(encoding="utf-8"))
+
+
+@functools.cache
 def _attached_front_end(spec_file: str, index: int) -> Any:
     """This process's AsyncLLM, attached as front end `index` to the EngineCore that tools/bench.py's front-ends
     launcher started (as the core's front ends attach to the one their instance 0 launches: core/front_ends.py).
@@ -320,7 +326,7 @@ def _attached_front_end(spec_file: str, index: int) -> Any:
 
     prepare_process_environment()
     quiet_iteration_log()  # under --profile vLLM's statistics are on: no log line per iteration
-    spec = json.loads(Path(spec_file).read_text(encoding="utf-8"))
+    spec = _front_ends_spec(spec_file)
     fe = front_ends.FrontEnd(index, spec["front_ends"], Path(spec["socket_dir"]))
     config, executor = front_ends.vllm_config(spec["engine_args"])
     llm = front_ends.attach_client(config, executor, fe, None, spec["engine_args"])
@@ -333,14 +339,14 @@ FRONT_END_KINDS = ("engine-front-end", "engine-front-end-stream")
 
 
 @functools.cache
-def _front_end_lags(spec_file: str, index: int) -> EngineLags:
-    """This process's front end's trips to and from the EngineCore, for both client kinds (counted only when
-    vLLM's statistics are on: the launcher's engine args under --profile, as the bare engine's)."""
-    return EngineLags()
+def _front_end_lags(spec_file: str, index: int) -> EngineLags | None:
+    """This process's front end's trips to and from the EngineCore, for both client kinds, under --profile only
+    (vLLM's statistics on, as for the bare engine's client): otherwise no counting call per output."""
+    return EngineLags() if _front_ends_spec(spec_file).get("profile") else None
 
 
 def front_end_lags(spec: ClientSpec) -> EngineLags | None:
-    """The EngineLags of a client process whose client is an engine front end; None for other kinds."""
+    """The EngineLags of a client process whose client is a profiled engine front end; None otherwise."""
     if spec.kind not in FRONT_END_KINDS:
         return None
     return _front_end_lags(spec.address, spec.index)
@@ -361,7 +367,8 @@ async def _engine_front_end_client(spec: ClientSpec, stream: bool) -> tuple[Send
     async def close() -> None:  # the process's front end serves its other kind too; it ends with the process
         pass
 
-    return engine_sender(llm, stream, f"fe{spec.index}", counting(_front_end_lags(spec.address, spec.index))), close
+    lags = front_end_lags(spec)
+    return engine_sender(llm, stream, f"fe{spec.index}", None if lags is None else counting(lags)), close
 
 
 # grpc-stream: a stream per concurrent slot, reused by its requests; grpc-stream-per-request: a new stream each
