@@ -1,0 +1,49 @@
+"""tools/measure_cpu_interference.py: the loop's rate with burners on the other CPUs over its rate with them off."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import pytest
+
+from tools.measure_cpu_interference import Burners, Interference, _Work, loop_rate, main, measure, report
+
+
+def test_loop_rate_counts_iterations_of_the_work():
+    rate = loop_rate(_Work(), 0.05)
+    assert rate > 100  # a step is microseconds of Python work
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a second CPU for the burner")
+def test_a_burner_on_the_same_cpu_halves_the_loop_and_clearing_it_restores_the_rate():
+    """The burner pinned to the loop's own CPU takes about half its time: the measurement sees interference where
+    there is some (the other CPUs' own figures depend on the machine)."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    burners = Burners([cpu])
+    try:
+        ratios = measure(burners, _Work(), [cpu], "spin", window=0.3, repeats=3, settle=0.02)
+    finally:
+        burners.clear()
+        burners.close()
+        os.sched_setaffinity(0, before)
+    assert len(ratios) == 3
+    assert 0.2 < statistics.median(ratios) < 0.8, ratios
+
+
+def test_report_lists_each_burner_set_with_its_median_and_repeats():
+    text = report(
+        0, [Interference("cpu 1 (spin)", [0.7, 0.8, 0.75]), Interference("all 1 (memory)", [1.0, 0.98, 1.01])]
+    )
+    lines = text.splitlines()
+    assert lines[0].startswith("cpu 0: thread_siblings_list=")
+    assert lines[2].split() == ["cpu", "1", "(spin)", "0.750", "0.700", "0.800", "0.750"]
+    assert lines[3].split()[3] == "1.000"
+
+
+def test_unknown_kind_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--kinds", "spin,cache"])
+    assert "unknown ['cache']" in capsys.readouterr().err
