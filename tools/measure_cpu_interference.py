@@ -14,8 +14,9 @@ each window with the burners on is measured between two with them off (ABBA orde
 falls on both. Burners: `spin` (a pure-Python loop: the core's execution units and the clock), `memory` (numpy
 copies of 64 MiB arrays: the shared cache and memory bandwidth). Printed: the guest's own view of the topology, then
 per CPU alone (spin) and for all the other CPUs together (each kind), the loop's rate with them on over its rate with
-them off (median over the repeats and their range): near 1.0 means no interference; a CPU alone near 0.6-0.8 is a
-sibling of `--cpu` on the host. No GPU, no vLLM; Linux only (sched_setaffinity).
+them off (median over the repeats and each repeat): near 1.0 means no interference; a CPU alone near 0.6-0.8 is a
+sibling of `--cpu` on the host. Last, how much the loop's rate varied from window to window with the burners off:
+the CPU's own noise, which a ratio must exceed to mean anything. No GPU, no vLLM; Linux only (sched_setaffinity).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ def loop_rate(work: _Work, seconds: float) -> float:
 class Interference:
     label: str
     ratios: list[float]  # a repeat's rate with the burners on over the mean of the two windows beside it off
+    idle_rates: list[float] = field(default_factory=list)  # the loop's rate in each window with the burners off
 
     @property
     def median(self) -> float:
@@ -128,9 +130,9 @@ class Burners:
 
 def measure(
     burners: Burners, work: _Work, cpus: Sequence[int], kind: str, window: float, repeats: int, settle: float
-) -> list[float]:
+) -> Interference:
     """ABBA windows: each repeat's on-window between two off-windows; the ratio of its rate to their mean."""
-    ratios = []
+    result = Interference(f"{kind} on {len(cpus)} CPU(s)", [])
     for _ in range(repeats):
         before = loop_rate(work, window)
         burners.set(cpus, kind)
@@ -139,8 +141,9 @@ def measure(
         burners.clear()
         time.sleep(settle)
         after = loop_rate(work, window)
-        ratios.append(during / ((before + after) / 2))
-    return ratios
+        result.ratios.append(during / ((before + after) / 2))
+        result.idle_rates += [before, after]
+    return result
 
 
 def topology(cpu: int) -> str:
@@ -166,7 +169,9 @@ def run(cpu: int, window: float, repeats: int, kinds: Sequence[str], settle: flo
         plan = [(f"cpu {other} (spin)", [other], "spin") for other in others if "spin" in kinds]
         plan += [(f"all {len(others)} ({kind})", others, kind) for kind in kinds]
         for label, cpus, kind in plan:
-            results.append(Interference(label, measure(burners, work, cpus, kind, window, repeats, settle)))
+            result = measure(burners, work, cpus, kind, window, repeats, settle)
+            result.label = label
+            results.append(result)
     finally:
         burners.clear()
         burners.close()
@@ -178,6 +183,15 @@ def report(cpu: int, results: list[Interference]) -> str:
     for result in results:
         each = " ".join(f"{r:.3f}" for r in result.ratios)
         lines.append(f"{result.label:<22}{result.median:>12.3f}  {each}")
+    idle = [rate for result in results for rate in result.idle_rates]
+    if idle:
+        middle = statistics.median(idle)
+        deciles = statistics.quantiles(idle, n=10, method="inclusive") if len(idle) > 1 else [middle] * 9
+        lines.append(
+            f"the loop alone ({len(idle)} windows, burners off), a window's rate over their median: "
+            f"p10 {deciles[0] / middle:.3f}, p90 {deciles[-1] / middle:.3f}, "
+            f"lowest {min(idle) / middle:.3f}, highest {max(idle) / middle:.3f} (the CPU's own noise)"
+        )
     return "\n".join(lines)
 
 

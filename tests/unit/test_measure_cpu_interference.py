@@ -24,23 +24,27 @@ def test_a_burner_on_the_same_cpu_halves_the_loop_and_clearing_it_restores_the_r
     os.sched_setaffinity(0, {cpu})
     burners = Burners([cpu])
     try:
-        ratios = measure(burners, _Work(), [cpu], "spin", window=0.3, repeats=3, settle=0.02)
+        result = measure(burners, _Work(), [cpu], "spin", window=0.3, repeats=3, settle=0.02)
     finally:
         burners.clear()
         burners.close()
         os.sched_setaffinity(0, before)
-    assert len(ratios) == 3
-    assert 0.2 < statistics.median(ratios) < 0.8, ratios
+    assert len(result.ratios) == 3 and len(result.idle_rates) == 6
+    assert 0.2 < statistics.median(result.ratios) < 0.8, result.ratios
 
 
 def test_report_lists_each_burner_set_with_its_median_and_repeats():
-    text = report(
-        0, [Interference("cpu 1 (spin)", [0.7, 0.8, 0.75]), Interference("all 1 (memory)", [1.0, 0.98, 1.01])]
-    )
-    lines = text.splitlines()
+    results = [
+        Interference("cpu 1 (spin)", [0.7, 0.8, 0.75], idle_rates=[100.0, 90.0, 110.0, 100.0]),
+        Interference("all 1 (memory)", [1.0, 0.98, 1.01], idle_rates=[80.0, 120.0]),
+    ]
+    lines = report(0, results).splitlines()
     assert lines[0].startswith("cpu 0: thread_siblings_list=")
     assert lines[2].split() == ["cpu", "1", "(spin)", "0.750", "0.700", "0.800", "0.750"]
     assert lines[3].split()[3] == "1.000"
+    # every burners-off window of every set, over their median (100): the CPU's own noise
+    assert lines[4].startswith("the loop alone (6 windows, burners off)")
+    assert "lowest 0.800, highest 1.200" in lines[4]
 
 
 def test_unknown_kind_is_refused(capsys):
