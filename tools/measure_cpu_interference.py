@@ -129,10 +129,17 @@ class Burners:
 
 
 def measure(
-    burners: Burners, work: _Work, cpus: Sequence[int], kind: str, window: float, repeats: int, settle: float
+    label: str,
+    burners: Burners,
+    work: _Work,
+    cpus: Sequence[int],
+    kind: str,
+    window: float,
+    repeats: int,
+    settle: float,
 ) -> Interference:
     """ABBA windows: each repeat's on-window between two off-windows; the ratio of its rate to their mean."""
-    result = Interference(f"{kind} on {len(cpus)} CPU(s)", [])
+    result = Interference(label, [])
     for _ in range(repeats):
         before = loop_rate(work, window)
         burners.set(cpus, kind)
@@ -168,10 +175,7 @@ def run(cpu: int, window: float, repeats: int, kinds: Sequence[str], settle: flo
         loop_rate(work, window)  # warm up: caches, the clock
         plan = [(f"cpu {other} (spin)", [other], "spin") for other in others if "spin" in kinds]
         plan += [(f"all {len(others)} ({kind})", others, kind) for kind in kinds]
-        for label, cpus, kind in plan:
-            result = measure(burners, work, cpus, kind, window, repeats, settle)
-            result.label = label
-            results.append(result)
+        results += [measure(label, burners, work, cpus, kind, window, repeats, settle) for label, cpus, kind in plan]
     finally:
         burners.clear()
         burners.close()

@@ -24,7 +24,7 @@ def test_a_burner_on_the_same_cpu_halves_the_loop_and_clearing_it_restores_the_r
     os.sched_setaffinity(0, {cpu})
     burners = Burners([cpu])
     try:
-        result = measure(burners, _Work(), [cpu], "spin", window=0.3, repeats=3, settle=0.02)
+        result = measure("own cpu", burners, _Work(), [cpu], "spin", window=0.3, repeats=3, settle=0.02)
     finally:
         burners.clear()
         burners.close()
