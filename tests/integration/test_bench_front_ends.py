@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import fake_nvidia_smi
+from tests.support.bench_deployments import shared_engine_deployment
 from tests.support.reliability_helpers import vllm_ipc_sockets
 from tools.bench import main
 
@@ -23,34 +24,12 @@ REQUESTS = 8
 DELAY_MS = 400  # bare-delayed's longest hold
 
 
-def _deployment(folder: Path, model: Path) -> Path:
-    path = folder / "front-ends.yaml"
-    path.write_text(
-        f"model: {model}\n"
-        "engine_args:\n"
-        "  enforce_eager: true\n"
-        "  max_model_len: 512\n"
-        "  kv_cache_memory_bytes: 268435456\n"
-        "  gpu_memory_utilization: 0.05\n"  # on a GPU: the share vLLM wants free at start, beside other tests' engines
-        "  disable_log_stats: true\n"
-        "engine_env:\n"
-        '  OMP_NUM_THREADS: "1"\n'
-        '  VLLM_ENABLE_V1_MULTIPROCESSING: "1"\n'  # an EngineCore process that clients can share
-        "core:\n"
-        "  front_ends: 2\n"
-        "health:\n"
-        "  restart_engine: false\n",
-        encoding="utf-8",
-    )
-    return path
-
-
 def test_the_bare_engine_shared_by_two_front_end_processes(tiny_model, tmp_path: Path, monkeypatch):
     # A stand-in nvidia-smi (this machine has no GPU): the GPU's samples reach the measurements, the bare engine's
     # timed in the worker process and the front ends' in theirs (tools/gpu_clocks.py)
     monkeypatch.setenv("PATH", fake_nvidia_smi.install(tmp_path / "bin"))
     paths = "bare,bare-front-ends,bare-front-ends-stream,bare-delayed"
-    args = ["--deployment", str(_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "1,4"]
+    args = ["--deployment", str(shared_engine_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "1,4"]
     args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
     args += ["--bare-delay-ms", str(DELAY_MS)]
     sockets_before, folders_before = vllm_ipc_sockets(), set(Path(tempfile.gettempdir()).glob("bench-engine-*"))
@@ -101,7 +80,7 @@ def test_profiled_front_ends_count_their_trips_to_and_from_the_engine_core(tiny_
     # a front end, counts its requests' intake, return and time inside the EngineCore, and the level's counts are
     # the processes' together (tools/latency_parts.py puts them beside the bare engine's)
     paths = "bare,bare-front-ends,bare-front-ends-stream"
-    args = ["--deployment", str(_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "4"]
+    args = ["--deployment", str(shared_engine_deployment(tmp_path, tiny_model)), "--paths", paths, "--levels", "4"]
     args += ["--max-tokens", str(MAX_TOKENS), "--max-requests", str(REQUESTS), "--min-requests", str(REQUESTS)]
     assert main([*args, "--reps", "1", "--profile", "--out", str(tmp_path / "out")]) == 0
     runs = {run["path"]: run for run in json.loads((tmp_path / "out" / "results.json").read_text())["runs"]}
