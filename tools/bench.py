@@ -6,7 +6,8 @@ same model, engine args and engine environment (those of one deployment file).
         [--also-deployment FILE] [--variant PREFIX KEY=VALUE...] [--extra-model NAME] [--extra-stream-model NAME]
         [--vllm-backend DIR]
         [--merge [--fill-to 3]]
-        [--interleave [--one-stream-slices 8] [--wave-slices 4]] [--profile [--profile-gil]] [--cpu-busy] [--quick]
+        [--interleave [--parallel-starts] [--one-stream-slices 8] [--wave-slices 4]] [--profile [--profile-gil]]
+        [--cpu-busy] [--quick]
         [--max-requests 512] [--client-processes 1] [--background-load 0] [--background-load-kind spin]
         [--background-load-alternate] [--out .bench] [--report]
 
@@ -66,12 +67,14 @@ side of the target already decide the median of three: "met (decided: ...)", "NO
 per slice, each path's slices added up to its repetition (results record `slices`): at one stream a path's level is
 4-15 s, long enough for the machine's slow spells to fall on one path and not the next (only a path's first slice
 warms up: N as large as the level's requests alternates the paths request by request, at 30-50 ms per slice on an
-H200). `--wave-slices N` does the same for the levels of several streams, in slices of whole waves (2048 requests
-at 256 streams are 8 waves: `--wave-slices 4` takes the turn every 2 waves, ~1-3 s a path). `--merge` adds this
-command's runs to OUT/results.json (a long run split over several commands: one table and plot in the end;
-`--fill-to N` instead of `--reps` measures only the repetitions each level lacks for N, so a run that a time limit
-stopped is completed by the next command); `--report` measures nothing and prints OUT/results.json's table and
-targets (a run merged on other machines, or one an older bench judged).
+H200). `--wave-slices N` does the same for the levels of several streams, in slices of whole waves (2048 requests at
+256 streams are 8 waves: `--wave-slices 4` takes the turn every 2 waves, ~1-3 s a path). `--parallel-starts` with
+--interleave starts the first engine alone (on a fresh machine it fills vLLM's compile cache), then launches every
+other server or worker at once before waiting for each: on an H100 `vllm serve` and tritonserver took ~60 s each one
+after the other. `--merge` adds this command's runs to OUT/results.json (a long run split over several commands: one
+table and plot in the end; `--fill-to N` instead of `--reps` measures only the repetitions each level lacks for N,
+so a run that a time limit stopped is completed by the next command); `--report` measures nothing and prints
+OUT/results.json's table and targets (a run merged on other machines, or one an older bench judged).
 Workload: fixed prompts (half short, half ~400 tokens), temperature 0, ignore_eos, each max_tokens, each
 concurrency level with 4 requests per stream (--requests-per-stream; at least --min-requests, 8, and at most
 --max-requests, 512); one warm-up round per path and level is not counted. Every request is counted as max_tokens
@@ -163,8 +166,11 @@ from tools.gpu_clocks import describe as describe_gpu_clocks  # noqa: E402
 from tools.gpu_clocks import summarize as summarize_gpu_clocks  # noqa: E402
 from tools.machine_facts import describe as describe_machine  # noqa: E402
 from tools.triton_server import (  # noqa: E402
+    ModelLoadError,
+    OutOfThreadsError,
     TritonServer,
     free_port,
+    free_ports,
     interrupt_on_sigterm,
     process_table,
     server_environment,
@@ -403,9 +409,8 @@ class VllmServe:
                 cmd += [flag, str(value)]
         return cmd
 
-    async def start(self) -> None:
-        import aiohttp
-
+    def launch(self) -> None:
+        """The server's process started; `start` waits for its health (--parallel-starts)."""
         self._log_handle = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
         self.tmp_dir = engine_tmp_dir()
         self.process = subprocess.Popen(
@@ -415,6 +420,13 @@ class VllmServe:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    async def start(self) -> None:
+        import aiohttp
+
+        if self.process is None:
+            self.launch()
+        assert self.process is not None
         self._http = aiohttp.ClientSession()  # for /health only
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -598,7 +610,9 @@ class WorkerProcess:
         self.tmp_dir: Path | None = None
         self.process: asyncio.subprocess.Process | None = None
 
-    async def start(self) -> None:
+    async def launch(self) -> None:
+        """The subprocess started; `start` waits for its engine (--parallel-starts: the waits come after every
+        launch, so the engines boot together)."""
         spec_file = self.log.with_suffix(".json")
         spec_file.write_text(json.dumps(self.spec))
         self.tmp_dir = engine_tmp_dir()
@@ -615,6 +629,10 @@ class WorkerProcess:
                 start_new_session=True,
                 limit=1 << 26,  # one answer holds every request's latency
             )
+
+    async def start(self) -> None:
+        if self.process is None:
+            await self.launch()
         await self.answer()  # ready: the engine is up
 
     @property
@@ -667,6 +685,9 @@ class BareGroup:
         self.args, self.paths, self.levels = args, paths, levels
         self.worker = WorkerProcess("--bare-worker", spec, log)
 
+    async def launch(self) -> None:
+        await self.worker.launch()
+
     async def open(self) -> None:
         await self.worker.start()
 
@@ -717,7 +738,7 @@ class FrontEndsGroup:
         self.launcher: WorkerProcess | None = None
         self.pool: ProcessPoolRunner | None = None
 
-    async def open(self) -> None:
+    async def launch(self) -> None:
         self.socket_dir = Path(tempfile.mkdtemp(prefix="bench-fe-"))  # short: IPC paths fit 107 bytes
         setup, count = self.setup, self.setup.front_ends
         spec = {
@@ -729,10 +750,16 @@ class FrontEndsGroup:
             "socket_dir": str(self.socket_dir),
             "profile": self.args.profile,  # each client process then counts its trips to and from the EngineCore
         }
-        log = self.args.out / "front-ends.log"
-        self.launcher = WorkerProcess("--front-ends-launcher", spec, log)
+        self.launcher = WorkerProcess("--front-ends-launcher", spec, self.args.out / "front-ends.log")
+        await self.launcher.launch()
+
+    async def open(self) -> None:
+        if self.launcher is None:
+            await self.launch()
+        assert self.launcher is not None
         await self.launcher.start()
-        self.pool = ProcessPoolRunner(ClientSpec(client_of(self.paths[0]), str(log.with_suffix(".json")), ""), count)
+        spec_file = str(self.launcher.log.with_suffix(".json"))
+        self.pool = ProcessPoolRunner(ClientSpec(client_of(self.paths[0]), spec_file, ""), self.setup.front_ends)
 
     async def measure(self, path: str, rep: int, level: dict[str, Any], progress) -> dict[str, Any]:
         assert self.pool is not None and self.launcher is not None
@@ -806,6 +833,9 @@ class ServedGroup:
         self.pgid = 0
         self.triton: TritonServer | None = None
 
+    async def launch(self) -> None:
+        """The server's process started, its readiness left to `open` (--parallel-starts)."""
+
     async def open_server(self) -> dict[str, ClientSpec]:
         raise NotImplementedError
 
@@ -840,10 +870,31 @@ class TritonGroup(ServedGroup):
         self.setup = setup
         self.server: TritonServer | None = None
 
-    async def open_server(self) -> dict[str, ClientSpec]:
+    def _environment(self) -> dict[str, str] | None:
         # --profile: the core logs its counters, and the engine's steps, every CORE_STATS_SECONDS (core/core_stats.py)
-        environment = {CORE_STATS_KEY: str(CORE_STATS_SECONDS)} if self.args.profile else None
-        self.server = start_on_free_ports(self.setup.repo, self.args.out / "triton.log", environment=environment)
+        return {CORE_STATS_KEY: str(CORE_STATS_SECONDS)} if self.args.profile else None
+
+    async def launch(self) -> None:
+        self.server = TritonServer(
+            self.setup.repo, log_file=self.args.out / "triton.log", environment=self._environment()
+        )
+        self.server.http_port, self.server.grpc_port, self.server.metrics_port = free_ports(3)
+        self.server.start()
+
+    async def open_server(self) -> dict[str, ClientSpec]:
+        log = self.args.out / "triton.log"
+        if self.server is None:
+            self.server = start_on_free_ports(self.setup.repo, log, environment=self._environment())
+        else:  # launched: wait for it; one that died before it was ready is started again, as start_on_free_ports does
+            try:
+                self.server.wait_ready(600.0)
+            except (ModelLoadError, OutOfThreadsError):
+                raise
+            except RuntimeError as exc:
+                print(f"bench: tritonserver exited before it was ready, starting again: {exc}", file=sys.stderr)
+                self.server.stop()
+                self.server = start_on_free_ports(self.setup.repo, log, environment=self._environment())
+        assert self.server.process is not None
         self.triton, self.pgid = self.server, self.server.process.pid
         return triton_client_specs(self.paths, self.setup, self.server)
 
@@ -872,6 +923,28 @@ class VllmServeGroup(ServedGroup):
 
 
 Group = BareGroup | FrontEndsGroup | TritonGroup | VllmServeGroup
+
+
+async def start_groups(
+    groups: Sequence[Any],
+    launch: Callable[[Any], Awaitable[None]],
+    start: Callable[[Any], Awaitable[None]],
+    together: bool,
+) -> None:
+    """--interleave: every group's engine up before the first level. The first alone (on a fresh machine it fills
+    vLLM's compile cache, which the later starts then read). With `together` (--parallel-starts) every other group's
+    process is launched next, and only then each waited for in turn: they boot at once, while all the waiting stays
+    in this one task (a signal's KeyboardInterrupt lands here, and the run's `finally` closes what was launched).
+    Else one after the other."""
+    first, rest = groups[:1], groups[1:]
+    for group in first if together else groups:
+        await start(group)
+    if not together:
+        return
+    for group in rest:
+        await launch(group)
+    for group in rest:
+        await start(group)
 
 
 def interleaved_turn(groups: list[Any]) -> list[str]:
@@ -1311,18 +1384,22 @@ async def measure_all(
     turn = interleaved_turn(groups) if args.interleave else []
     opened: list[Group] = []
 
+    async def launch(group: Group) -> None:
+        opened.append(group)  # closed on the way out: its process runs from here on
+        await group.launch()
+
     async def start(group: Group) -> None:
         progress.set_description(f"starting {', '.join(group.paths)}")
-        opened.append(group)  # closed on the way out even if it fails midway through opening (a failed token check)
+        if group not in opened:  # closed on the way out even if it fails midway through opening (a failed token check)
+            opened.append(group)
         await group.open()
 
     gpu_clocks.start()
     if cpu_busy is not None:
         cpu_busy.start()
     try:
-        if args.interleave:  # every engine up (one after the other) before the first level
-            for group in groups:
-                await start(group)
+        if args.interleave:  # every engine up before the first level
+            await start_groups(groups, launch, start, args.parallel_starts)
         for group, path, rep, level in schedule(
             groups, levels, args.interleave, reps_of, done, args.one_stream_slices, args.wave_slices
         ):
@@ -1448,6 +1525,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start every engine first, then measure each level on every path in turn (paired repetitions)",
     )
     parser.add_argument(
+        "--parallel-starts",
+        action="store_true",
+        help="with --interleave: start the engines after the first one together (~1 min less per run on an H100,"
+        " where `vllm serve` and tritonserver each took ~60 s); for deployments that fix their KV cache's size"
+        " (kv_cache_memory_bytes), as vLLM's memory profiling at start-up misreads another engine's allocations",
+    )
+    parser.add_argument(
         "--one-stream-slices",
         type=int,
         default=1,
@@ -1566,6 +1650,8 @@ def main(argv: list[str] | None = None) -> int:
         return report_only(args.out)
     if args.fill_to is not None and not args.merge:
         parser.error("--fill-to counts the repetitions in OUT/results.json: it needs --merge")
+    if args.parallel_starts and not args.interleave:
+        parser.error("--parallel-starts starts every engine before the first level: it needs --interleave")
     for option, slices in (("--one-stream-slices", args.one_stream_slices), ("--wave-slices", args.wave_slices)):
         if slices < 1:
             parser.error(f"{option} must be 1 or more")

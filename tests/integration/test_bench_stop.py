@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bench_deployments import shared_engine_deployment
 from tests.support.reliability_helpers import vllm_ipc_sockets
 
 pytestmark = pytest.mark.server
@@ -73,6 +74,30 @@ def _measured(results: Path) -> set[str]:
         return set()
 
 
+def _assert_gone(started: dict[int, str]) -> None:
+    """Every process of `started` (pid -> its command line) has exited; any left is killed, not left running for the
+    rest of the suite."""
+    deadline = time.monotonic() + 10  # a process that was killed last may still be on its way out
+    while (left := {pid for pid in started if _alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, {pid: started[pid] for pid in left}
+
+
+def _terminate_as_timeout_does(bench: subprocess.Popen) -> None:
+    """SIGTERM as GNU `timeout` sends it: to the benchmark, then to its whole process group (so the benchmark gets
+    it twice). It must stop early, closing every group, the second signal not cutting that closing short."""
+    os.kill(bench.pid, signal.SIGTERM)
+    os.killpg(bench.pid, signal.SIGTERM)
+    output, _ = bench.communicate(timeout=STOP_SECONDS)
+    assert bench.returncode == 1, output[-3000:]
+    assert "bench: stopped early (interrupted)" in output, output[-3000:]
+    assert "unhandled exception" not in output and "Unclosed" not in output, output[-3000:]  # every group closed
+    assert "Task exception was never retrieved" not in output and "Event loop is closed" not in output, output[-3000:]
+
+
 def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
     out = tmp_path / "out"
     command = [sys.executable, str(ROOT / "tools" / "bench.py"), "--paths", "bare,plain-grpc", "--levels", "1"]
@@ -91,30 +116,15 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path: Path):
         names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in started if _alive(pid)}
         assert "tritonserver" in names, names  # the run's server is among them, and the engines' processes
         assert any("multiprocessing" in _command(pid) for pid in started)  # its client processes
-        # as GNU `timeout` does: the benchmark itself, then its whole process group (so the benchmark gets it twice)
-        os.kill(bench.pid, signal.SIGTERM)
-        os.killpg(bench.pid, signal.SIGTERM)
-        output, _ = bench.communicate(timeout=STOP_SECONDS)
+        _terminate_as_timeout_does(bench)
     finally:
         if bench.poll() is None:
             bench.kill()
-    assert bench.returncode == 1, output[-3000:]
-    assert "bench: stopped early (interrupted)" in output
-    assert "unhandled exception" not in output and "Unclosed" not in output, output[-3000:]  # every group closed
-    # the second signal did not interrupt the closing that the first started
-    assert "Task exception was never retrieved" not in output and "Event loop is closed" not in output, output[-3000:]
     # what it measured before the signal is kept, each run with its place in the turn (ours first, then its baseline)
     assert _measured(out / "results.json") == {"bare", "plain-grpc"}
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert {(run["path"], run["turn_index"]) for run in runs} == {("plain-grpc", 0), ("bare", 1)}
-    deadline = time.monotonic() + 10  # a process that was killed last may still be on its way out
-    while (left := {pid for pid in started if _alive(pid)}) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    commands = {pid: _command(pid) for pid in left}
-    for pid in left:  # not left running for the rest of the suite
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, commands
+    _assert_gone({pid: _command(pid) for pid in started})
     # nor files: the bare worker's engine named its ZMQ sockets in a folder of its own, removed at its stop
     assert vllm_ipc_sockets() <= sockets_before
 
@@ -144,10 +154,37 @@ def test_a_server_whose_path_fails_its_token_check_is_stopped(tiny_model: Path, 
     assert bench.returncode == 1, output[-3000:]
     assert any("tritonserver" in command for command in started.values()), "the run's server was never seen"
     assert "bench: stopped early (InferenceServerException" in output, output[-3000:]
-    deadline = time.monotonic() + 10
-    while (left := {pid for pid in started if _alive(pid)}) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in left:  # not left running for the rest of the suite
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, {pid: started[pid] for pid in left}
+    _assert_gone(started)
+
+
+def test_sigterm_while_engines_start_together_stops_every_process(tiny_model: Path, tmp_path: Path):
+    """--parallel-starts: the signal comes while the front ends' engine and the server start at once, each in a task
+    of the run's event loop; every process either had started is gone once the run exits."""
+    command = [sys.executable, str(ROOT / "tools" / "bench.py")]
+    command += ["--deployment", str(shared_engine_deployment(tmp_path, tiny_model))]
+    command += ["--paths", "bare,bare-front-ends,plain-grpc", "--levels", "1", "--max-tokens", "8", "--reps", "1"]
+    command += ["--interleave", "--parallel-starts", "--out", str(tmp_path / "out")]
+    sockets_before = vllm_ipc_sockets()
+    bench = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    started: dict[int, str] = {}  # every process the run started, seen alive
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        # the bare engine up first, then the launcher of the front ends' engine and tritonserver both under way
+        while not (
+            any("--front-ends-launcher" in line for line in started.values())
+            and any("tritonserver" in line for line in started.values())
+        ):
+            assert bench.poll() is None, f"bench exited early:\n{bench.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, "the two later starts were not seen under way together"
+            started |= {pid: _command(pid) for pid in _descendants(bench.pid) if pid not in started}
+            time.sleep(0.5)
+        assert not _measured(tmp_path / "out" / "results.json")  # still starting: nothing measured yet
+        started |= {pid: _command(pid) for pid in _descendants(bench.pid) if pid not in started}
+        _terminate_as_timeout_does(bench)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    _assert_gone(started)
+    assert vllm_ipc_sockets() <= sockets_before

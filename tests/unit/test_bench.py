@@ -23,6 +23,7 @@ from tools.bench import (
     py_spy_command,
     requests_for,
     schedule,
+    start_groups,
     token_shortfall,
 )
 from tools.bench_clients import ClientSpec, LevelRun, ProcessPoolRunner, Prompt, Sample, delayed, run_level, split
@@ -1242,3 +1243,60 @@ def test_py_spy_samples_only_the_gil_holder_when_asked(tmp_path: Path):
     assert plain[plain.index("--pid") + 1] == "4242"
     assert plain[plain.index("-o") + 1] == str(target)
     assert plain[plain.index("-d") + 1] == "8"
+
+
+def _recording_groups(log: list[str], fail: str | None = None):
+    """A group's launch (its process started: logged) and start (waiting for it, as a server's start awaits its
+    health: logged at its beginning and end), as tools/bench.py's run gives them to start_groups."""
+
+    async def launch(group: str) -> None:
+        log.append(f"launch {group}")
+
+    async def start(group: str) -> None:
+        log.append(f"begin {group}")
+        await asyncio.sleep(0.01)
+        if group == fail:
+            raise RuntimeError(f"{group} did not start")
+        log.append(f"end {group}")
+
+    return launch, start
+
+
+def test_parallel_starts_start_the_first_engine_alone_then_launch_the_others_before_waiting_for_them():
+    log: list[str] = []
+    asyncio.run(start_groups(["bare", "serve", "triton"], *_recording_groups(log), together=True))
+    # the first alone (it fills the compile cache the others read), then every other process started, then each
+    # waited for in turn in this one task
+    assert log == [
+        "begin bare",
+        "end bare",
+        "launch serve",
+        "launch triton",
+        "begin serve",
+        "end serve",
+        "begin triton",
+        "end triton",
+    ]
+
+
+def test_without_parallel_starts_each_engine_starts_after_the_one_before():
+    log: list[str] = []
+    asyncio.run(start_groups(["bare", "serve", "triton"], *_recording_groups(log), together=False))
+    assert log == ["begin bare", "end bare", "begin serve", "end serve", "begin triton", "end triton"]
+
+
+def test_a_failed_parallel_start_is_raised_with_the_later_groups_launched_for_the_run_to_close():
+    log: list[str] = []
+    with pytest.raises(RuntimeError, match="serve did not start"):
+        asyncio.run(start_groups(["bare", "serve", "triton"], *_recording_groups(log, fail="serve"), together=True))
+    assert log == ["begin bare", "end bare", "launch serve", "launch triton", "begin serve"]
+
+
+def test_parallel_starts_need_interleave(capsys):
+    from tools.bench import main as bench_main
+
+    with pytest.raises(SystemExit):
+        bench_main(["--parallel-starts", "--paths", "bare"])
+    assert "--parallel-starts starts every engine before the first level: it needs --interleave" in (
+        capsys.readouterr().err
+    )
