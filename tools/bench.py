@@ -1300,9 +1300,12 @@ class BackgroundLoad:
 
 
 @contextlib.contextmanager
-def busy_processes(count: int, kind: str = "spin") -> Iterator[BackgroundLoad]:
-    """`count` busy processes of `kind` (--background-load) for the block's duration, on this process's CPUs."""
+def busy_processes(count: int, kind: str = "spin", cpus: Sequence[int] = ()) -> Iterator[BackgroundLoad]:
+    """`count` busy processes of `kind` (--background-load) for the block's duration, on this process's CPUs, or the
+    i-th on `cpus[i]` alone where given (tools/measure_cpu_interference.py)."""
     load = [subprocess.Popen([sys.executable, "-c", BACKGROUND_LOADS[kind]]) for _ in range(count)]
+    for process, cpu in zip(load, cpus, strict=False):
+        os.sched_setaffinity(process.pid, {cpu})
     try:
         yield BackgroundLoad(load)
     finally:

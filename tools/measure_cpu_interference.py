@@ -9,56 +9,36 @@ machine's CPUs can be two threads of one physical core (SMT siblings: the one's 
 guest's topology says otherwise, and many busy CPUs can lower the clock or fill the shared cache.
 
 Here a loop of pure-Python work (dicts, lists, attribute lookups: the scheduler's kind of work) runs on `--cpu` and
-counts its iterations in windows of `--window-ms`, taking turns with burner processes pinned to the other CPUs:
-each window with the burners on is measured between two with them off (ABBA order), so a slow spell of the machine
-falls on both. Burners: `spin` (a pure-Python loop: the core's execution units and the clock), `memory` (numpy
-copies of 64 MiB arrays: the shared cache and memory bandwidth). Printed: the guest's own view of the topology, then
-per CPU alone (spin) and for all the other CPUs together (each kind), the loop's rate with them on over its rate with
-them off (median over the repeats and each repeat): near 1.0 means no interference; a CPU alone near 0.6-0.8 is a
-sibling of `--cpu` on the host. Last, how much the loop's rate varied from window to window with the burners off:
-the CPU's own noise, which a ratio must exceed to mean anything. No GPU, no vLLM; Linux only (sched_setaffinity).
+counts its iterations in windows of `--window-ms`, taking turns with burner processes pinned to the other CPUs: each
+window with the burners on is measured between two with them off (ABBA order), so a slow spell of the machine falls
+on both. Burners: tools/bench.py's --background-load processes, one pinned to each CPU and paused between windows:
+`spin` (a pure-Python loop: the core's execution units and the clock), `memory` (copies of 256 MiB: the shared cache
+and memory bandwidth), `objects` (a Python server's allocation churn). Printed: the guest's own view of the
+topology, then per CPU alone (spin) and for all the other CPUs together (each kind), the loop's rate with them on
+over its rate with them off (median over the repeats and each repeat): near 1.0 means no interference; a CPU alone
+near 0.6-0.8 is a sibling of `--cpu` on the host. Last, how much the loop's rate varied from window to window with
+the burners off: the CPU's own noise, which a ratio must exceed to mean anything. No GPU, no vLLM; Linux only
+(sched_setaffinity).
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import contextlib
 import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-KINDS = ("spin", "memory")
-MEMORY_BYTES = 64 * 1024 * 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.bench import BACKGROUND_LOADS, BackgroundLoad, busy_processes  # noqa: E402
 
-def _spin_chunk() -> int:
-    total = 0
-    for i in range(20000):
-        total += i * i % 7
-    return total
-
-
-def _burner(cpu: int, on: Any, kind: Any) -> None:
-    """In its own process on `cpu`: idle until `on` is set, then the kind of work `kind` names until it is cleared."""
-    os.sched_setaffinity(0, {cpu})
-    source = target = None
-    while True:
-        on.wait()
-        if kind.value == KINDS.index("memory"):
-            if source is None:
-                import numpy as np
-
-                source = np.ones(MEMORY_BYTES, dtype=np.uint8)
-                target = np.empty_like(source)
-            while on.is_set():
-                target[:] = source
-        else:
-            while on.is_set():
-                _spin_chunk()
+KINDS = tuple(BACKGROUND_LOADS)
+WARM_UP_SECONDS = 0.5  # each burner's first run: the memory kind's buffers paged in before any window
 
 
 class _Work:
@@ -101,51 +81,18 @@ class Interference:
         return statistics.median(self.ratios)
 
 
-class Burners:
-    """One idle burner process per CPU, started once; `run(cpus, kind)` sets those CPUs' burners to work."""
-
-    def __init__(self, cpus: Sequence[int]) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.kind = context.Value("i", 0)
-        self.switches = {cpu: context.Event() for cpu in cpus}
-        self.processes = [
-            context.Process(target=_burner, args=(cpu, self.switches[cpu], self.kind), daemon=True) for cpu in cpus
-        ]
-        for process in self.processes:
-            process.start()
-
-    def set(self, cpus: Sequence[int], kind: str) -> None:
-        self.kind.value = KINDS.index(kind)
-        for cpu in cpus:
-            self.switches[cpu].set()
-
-    def clear(self) -> None:
-        for switch in self.switches.values():
-            switch.clear()
-
-    def close(self) -> None:
-        for process in self.processes:
-            process.kill()
-
-
 def measure(
-    label: str,
-    burners: Burners,
-    work: _Work,
-    cpus: Sequence[int],
-    kind: str,
-    window: float,
-    repeats: int,
-    settle: float,
+    label: str, burners: BackgroundLoad, work: _Work, window: float, repeats: int, settle: float
 ) -> Interference:
-    """ABBA windows: each repeat's on-window between two off-windows; the ratio of its rate to their mean."""
+    """ABBA windows: each repeat's window with `burners` running between two with them paused; the ratio of its rate
+    to their mean."""
     result = Interference(label, [])
     for _ in range(repeats):
         before = loop_rate(work, window)
-        burners.set(cpus, kind)
+        burners.run(True)
         time.sleep(settle)
         during = loop_rate(work, window)
-        burners.clear()
+        burners.run(False)
         time.sleep(settle)
         after = loop_rate(work, window)
         result.ratios.append(during / ((before + after) / 2))
@@ -166,19 +113,24 @@ def topology(cpu: int) -> str:
 
 
 def run(cpu: int, window: float, repeats: int, kinds: Sequence[str], settle: float) -> list[Interference]:
+    """The loop on `cpu`; for each kind, one burner (bench's --background-load process of that kind) on each other
+    CPU, paused (SIGSTOP) but in the windows that measure it."""
     others = sorted(os.sched_getaffinity(0) - {cpu})
     os.sched_setaffinity(0, {cpu})
-    burners = Burners(others)
     work = _Work()
     results = []
-    try:
+    with contextlib.ExitStack() as stack:
+        loads = {kind: stack.enter_context(busy_processes(len(others), kind, others)) for kind in kinds}
+        time.sleep(WARM_UP_SECONDS)
+        for load in loads.values():
+            load.run(False)
         loop_rate(work, window)  # warm up: caches, the clock
-        plan = [(f"cpu {other} (spin)", [other], "spin") for other in others if "spin" in kinds]
-        plan += [(f"all {len(others)} ({kind})", others, kind) for kind in kinds]
-        results += [measure(label, burners, work, cpus, kind, window, repeats, settle) for label, cpus, kind in plan]
-    finally:
-        burners.clear()
-        burners.close()
+        if "spin" in loads:
+            for other, process in zip(others, loads["spin"].processes, strict=True):
+                alone = BackgroundLoad([process])
+                results.append(measure(f"cpu {other} (spin)", alone, work, window, repeats, settle))
+        for kind, load in loads.items():
+            results.append(measure(f"all {len(others)} ({kind})", load, work, window, repeats, settle))
     return results
 
 

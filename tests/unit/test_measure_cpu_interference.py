@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from tools.measure_cpu_interference import Burners, Interference, _Work, loop_rate, main, measure, report
+from tools.bench import busy_processes
+from tools.measure_cpu_interference import Interference, _Work, loop_rate, main, measure, report
 
 
 def test_loop_rate_counts_iterations_of_the_work():
@@ -16,18 +17,16 @@ def test_loop_rate_counts_iterations_of_the_work():
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a second CPU for the burner")
-def test_a_burner_on_the_same_cpu_halves_the_loop_and_clearing_it_restores_the_rate():
-    """The burner pinned to the loop's own CPU takes about half its time: the measurement sees interference where
-    there is some (the other CPUs' own figures depend on the machine)."""
+def test_a_burner_on_the_loop_s_own_cpu_takes_about_half_of_its_time():
+    """The measurement sees interference where there is some (the other CPUs' own figures depend on the machine)."""
     cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})
-    burners = Burners([cpu])
     try:
-        result = measure("own cpu", burners, _Work(), [cpu], "spin", window=0.3, repeats=3, settle=0.02)
+        with busy_processes(1, "spin", [cpu]) as burner:
+            burner.run(False)
+            result = measure("own cpu", burner, _Work(), window=0.3, repeats=3, settle=0.02)
     finally:
-        burners.clear()
-        burners.close()
         os.sched_setaffinity(0, before)
     assert len(result.ratios) == 3 and len(result.idle_rates) == 6
     assert 0.2 < statistics.median(result.ratios) < 0.8, result.ratios
