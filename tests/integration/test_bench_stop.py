@@ -158,8 +158,8 @@ def test_a_server_whose_path_fails_its_token_check_is_stopped(tiny_model: Path, 
 
 
 def test_sigterm_while_engines_start_together_stops_every_process(tiny_model: Path, tmp_path: Path):
-    """--parallel-starts: the signal comes while the front ends' engine and the server start at once, each in a task
-    of the run's event loop; every process either had started is gone once the run exits."""
+    """--parallel-starts: the signal comes while the front ends' engine and the server boot at once (both launched,
+    the run waiting for the first); every process either had started is gone once the run exits."""
     command = [sys.executable, str(ROOT / "tools" / "bench.py")]
     command += ["--deployment", str(shared_engine_deployment(tmp_path, tiny_model))]
     command += ["--paths", "bare,bare-front-ends,plain-grpc", "--levels", "1", "--max-tokens", "8", "--reps", "1"]
