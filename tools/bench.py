@@ -166,12 +166,10 @@ from tools.gpu_clocks import describe as describe_gpu_clocks  # noqa: E402
 from tools.gpu_clocks import summarize as summarize_gpu_clocks  # noqa: E402
 from tools.machine_facts import describe as describe_machine  # noqa: E402
 from tools.triton_server import (  # noqa: E402
-    ModelLoadError,
-    OutOfThreadsError,
     TritonServer,
     free_port,
-    free_ports,
     interrupt_on_sigterm,
+    launch_on_free_ports,
     process_table,
     server_environment,
     start_on_free_ports,
@@ -835,6 +833,7 @@ class ServedGroup:
 
     async def launch(self) -> None:
         """The server's process started, its readiness left to `open` (--parallel-starts)."""
+        raise NotImplementedError
 
     async def open_server(self) -> dict[str, ClientSpec]:
         raise NotImplementedError
@@ -875,25 +874,15 @@ class TritonGroup(ServedGroup):
         return {CORE_STATS_KEY: str(CORE_STATS_SECONDS)} if self.args.profile else None
 
     async def launch(self) -> None:
-        self.server = TritonServer(
-            self.setup.repo, log_file=self.args.out / "triton.log", environment=self._environment()
-        )
-        self.server.http_port, self.server.grpc_port, self.server.metrics_port = free_ports(3)
-        self.server.start()
+        log = self.args.out / "triton.log"
+        self.server = launch_on_free_ports(self.setup.repo, log, environment=self._environment())
 
     async def open_server(self) -> dict[str, ClientSpec]:
-        log = self.args.out / "triton.log"
-        if self.server is None:
-            self.server = start_on_free_ports(self.setup.repo, log, environment=self._environment())
-        else:  # launched: wait for it; one that died before it was ready is started again, as start_on_free_ports does
-            try:
-                self.server.wait_ready(600.0)
-            except (ModelLoadError, OutOfThreadsError):
-                raise
-            except RuntimeError as exc:
-                print(f"bench: tritonserver exited before it was ready, starting again: {exc}", file=sys.stderr)
-                self.server.stop()
-                self.server = start_on_free_ports(self.setup.repo, log, environment=self._environment())
+        # waits for the launched server (--parallel-starts), else starts one; either is started again once if it
+        # exits before it is ready
+        self.server = start_on_free_ports(
+            self.setup.repo, self.args.out / "triton.log", environment=self._environment(), launched=self.server
+        )
         assert self.server.process is not None
         self.triton, self.pgid = self.server, self.server.process.pid
         return triton_client_specs(self.paths, self.setup, self.server)
@@ -909,8 +898,11 @@ class VllmServeGroup(ServedGroup):
         self.setup = setup
         self.serve = VllmServe(setup.engine_args, args.out / "vllm-serve.log")
 
+    async def launch(self) -> None:
+        self.serve.launch()
+
     async def open_server(self) -> dict[str, ClientSpec]:
-        await self.serve.start()
+        await self.serve.start()  # waits for the launched server (--parallel-starts), else starts it
         assert self.serve.process is not None
         if self.setup.engine_cpus:  # placed as the core places ours (core.engine_cpus)
             EnginePlacement(self.setup.engine_cpus).apply(self.serve.process.pid)

@@ -254,15 +254,27 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def start_on_free_ports(repository: Path, log_file: Path, timeout: float = 600.0, **options: Any) -> TritonServer:
-    """A ready server on free ports (HTTP, gRPC, metrics); `options` go to TritonServer.
+def launch_on_free_ports(repository: Path, log_file: Path, **options: Any) -> TritonServer:
+    """A server started on free ports and not waited for (several servers boot at once, tools/bench.py
+    --parallel-starts): start_on_free_ports(..., launched=it) waits for it."""
+    server = TritonServer(repository, log_file=log_file, **options)
+    server.use_free_ports()
+    server.start()
+    return server
+
+
+def start_on_free_ports(
+    repository: Path, log_file: Path, timeout: float = 600.0, launched: TritonServer | None = None, **options: Any
+) -> TritonServer:
+    """A ready server on free ports (HTTP, gRPC, metrics); `options` go to TritonServer. `launched`: a server
+    launch_on_free_ports started, to wait for instead of a new one.
 
     A server that exits before it is ready is started once more, on new ports: a free port can be taken by
     another process before tritonserver binds it ("Socket ... already in use", seen in a probe run).
     """
-    server = TritonServer(repository, log_file=log_file, **options)
+    server = launched or TritonServer(repository, log_file=log_file, **options)
     try:
-        server.start_and_wait(timeout, new_ports=True)
+        server.start_and_wait(timeout, new_ports=True, launched=launched is not None)
     except BaseException:
         server.stop()
         raise
@@ -431,7 +443,12 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_hint()}")
 
-    def start_and_wait(self, timeout: float = 600.0, attempts: int = 2, new_ports: bool = False) -> float:
+    def use_free_ports(self) -> None:
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+
+    def start_and_wait(
+        self, timeout: float = 600.0, attempts: int = 2, new_ports: bool = False, launched: bool = False
+    ) -> float:
         """start() + wait_ready(), starting again if the server dies before it is ready.
 
         Triton 2.51's Python backend can abort at start-up under heavy load (seen here once:
@@ -440,12 +457,13 @@ class TritonServer:
         start is safe; the failure is still reported on stderr. A server that stopped because models failed to
         load (ModelLoadError: the log names them), or ran out of threads (OutOfThreadsError), would fail the same way
         again: that is not retried.
-        `new_ports`: every start on free ports.
+        `new_ports`: every start on free ports. `launched`: the first start was already made (only waited for).
         """
         for attempt in range(1, attempts + 1):
-            if new_ports:
-                self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
-            self.start()
+            if not (launched and attempt == 1):
+                if new_ports:
+                    self.use_free_ports()
+                self.start()
             try:
                 return self.wait_ready(timeout)
             except (ModelLoadError, OutOfThreadsError):

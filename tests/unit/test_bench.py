@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench import (
+    Group,
     SlicedLevels,
     check_generated_tokens,
     close_all,
@@ -1290,6 +1291,15 @@ def test_a_failed_parallel_start_is_raised_with_the_later_groups_launched_for_th
     with pytest.raises(RuntimeError, match="serve did not start"):
         asyncio.run(start_groups(["bare", "serve", "triton"], *_recording_groups(log, fail="serve"), together=True))
     assert log == ["begin bare", "end bare", "launch serve", "launch triton", "begin serve"]
+
+
+def test_every_kind_of_group_launches_its_own_process():
+    # --parallel-starts launches each group before waiting for it: a group without a launch of its own would be
+    # started only when waited for, one after the other again (as `vllm serve` was, unnoticed, at first)
+    from typing import get_args
+
+    for group in get_args(Group):
+        assert "launch" in vars(group), group.__name__
 
 
 def test_parallel_starts_need_interleave(capsys):
