@@ -15,6 +15,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -236,18 +237,48 @@ def private_tmp_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(private, ignore_errors=True)
 
 
+# Where free_ports() looks: from here up to the kernel's ephemeral range
+LISTEN_PORTS_FROM = 10000
+EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for automatic local ports (an outgoing connection's, a bind to port 0)."""
+    try:
+        low, high = (int(field) for field in EPHEMERAL_PORT_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports (held open together, so two calls to free_port() cannot return the same)."""
-    sockets = [socket.socket() for _ in range(count)]
+    """`count` distinct free ports below the kernel's ephemeral range (held open together while picked, so they differ).
+
+    Not a bind to port 0: that picks from the ephemeral range, where any outgoing connection of the machine (vLLM's
+    and torch's during a server's minute of model loading) can take the port before tritonserver binds it; in CI a
+    server went down that way after it was ready ("failed to start Metrics service: ... already in use").
+    """
+    low, _ = ephemeral_port_range()
+    candidates = range(LISTEN_PORTS_FROM, low)
+    sockets: list[socket.socket] = []
+    tries = 0
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
+        while len(sockets) < count:
+            tries += 1
+            if tries > 100 * count:
+                raise OSError(f"no {count} free ports found in {candidates.start}-{candidates.stop - 1}")
+            s = socket.socket()
+            try:
+                # A range too narrow to pick from at random (an unusual kernel setting): the kernel's own pick
+                s.bind(("127.0.0.1", random.choice(candidates) if len(candidates) >= 1000 else 0))
+            except OSError:  # in use: another one
+                s.close()
+                continue
+            sockets.append(s)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
@@ -422,8 +453,19 @@ class TritonServer:
         except OSError:
             return False
 
+    def metrics_answer(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.address}:{self.metrics_port}/metrics", timeout=2) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
     def wait_ready(self, timeout: float = 300.0) -> float:
-        """Seconds until ready; raises if the server exits or is not ready in time."""
+        """Seconds until ready; raises if the server exits or is not ready in time.
+
+        Ready means its metrics endpoint answers too: tritonserver starts that service after HTTP's and exits when it
+        cannot (its port taken), so HTTP's readiness alone can come just before the server goes down.
+        """
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.process is None or self.process.poll() is not None:
@@ -438,7 +480,7 @@ class TritonServer:
                         f"{message}; these models failed to load:\n{format_failures(failures)}", failures
                     )
                 raise RuntimeError(message)
-            if self.is_ready():
+            if self.is_ready() and self.metrics_answer():
                 return time.monotonic() - start
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_hint()}")
