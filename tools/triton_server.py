@@ -447,18 +447,10 @@ class TritonServer:
         )
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
+        return _answers_ok(f"http://{self.http_url}/v2/health/ready")
 
     def metrics_answer(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.address}:{self.metrics_port}/metrics", timeout=2) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
+        return _answers_ok(f"http://{self.address}:{self.metrics_port}/metrics")
 
     def wait_ready(self, timeout: float = 300.0) -> float:
         """Seconds until ready; raises if the server exits or is not ready in time.
@@ -629,6 +621,15 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _answers_ok(url: str) -> bool:
+    """Whether a GET of `url` answers 200 within 2 s."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
 
 
 def _http_json(url: str, body: bytes | None = None) -> Any:
