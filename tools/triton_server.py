@@ -242,13 +242,12 @@ LISTEN_PORTS_FROM = 10000
 EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
-def ephemeral_port_range() -> tuple[int, int]:
-    """The kernel's range for automatic local ports (an outgoing connection's, a bind to port 0)."""
+def ephemeral_ports_start() -> int:
+    """Where the kernel's range for automatic local ports (an outgoing connection's, a bind to port 0) starts."""
     try:
-        low, high = (int(field) for field in EPHEMERAL_PORT_RANGE.read_text().split())
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-    return low, high
+        return int(EPHEMERAL_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def free_port() -> int:
@@ -262,8 +261,7 @@ def free_ports(count: int) -> list[int]:
     and torch's during a server's minute of model loading) can take the port before tritonserver binds it; in CI a
     server went down that way after it was ready ("failed to start Metrics service: ... already in use").
     """
-    low, _ = ephemeral_port_range()
-    candidates = range(LISTEN_PORTS_FROM, low)
+    candidates = range(LISTEN_PORTS_FROM, ephemeral_ports_start())
     sockets: list[socket.socket] = []
     tries = 0
     try:

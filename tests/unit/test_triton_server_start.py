@@ -82,7 +82,7 @@ def test_free_ports_pass_over_a_port_in_use(monkeypatch):
             free = other.getsockname()[1]
         picks = iter([port, port, free])
         monkeypatch.setattr(triton_server.random, "choice", lambda candidates: next(picks))
-        monkeypatch.setattr(triton_server, "ephemeral_port_range", lambda: (65535, 65535))
+        monkeypatch.setattr(triton_server, "ephemeral_ports_start", lambda: 65535)
         monkeypatch.setattr(triton_server, "LISTEN_PORTS_FROM", 1024)
         assert triton_server.free_ports(1) == [free]
 
