@@ -1,0 +1,182 @@
+"""Per-token outputs held inside vLLM's EngineCore until the request's client needs them.
+
+vLLM's EngineCore sends every request's new token to its client (a front end) after every step, and each front end
+with a request in the step wakes to take it in, whatever the request asked for: a FINAL_ONLY request (the plain
+public model's) is answered once, at its end, and a streamed one with vLLM's `stream_interval` N > 1 is handed on
+every N tokens. On the H100 at 16 streams the EngineCore's output thread (which encodes and sends each client's
+message, holding the interpreter lock its busy loop needs) had 10 % of that loop's samples with the plain model's 8
+front ends against 4 % with one client, and the server spent twice `vllm serve`'s CPU per token
+(docs/performance-gpu.md, session 72).
+
+`OutputHolder.filter` takes one step's outputs, per client, as the EngineCore's scheduler made them, and keeps back
+what nobody reads yet: after a request's first output (sent at once: it carries the first token vLLM's front end
+times TTFT by, and the prefill statistics), its next outputs are merged into one that goes when it ends (FINAL_ONLY),
+when N tokens have gathered (streamed), or as soon as an output carries anything besides new token ids. A client
+whose outputs are all held gets no message that step. vLLM's front end then builds the same RequestOutputs from
+fewer, longer outputs, as it does for speculative decoding's several tokens a step.
+
+Requests whose outputs must be seen each step are never held: logprobs or prompt logprobs (per-token data),
+stop strings (vLLM's front end finds them in the text and aborts the request), pooling. Triton-free and vLLM-free
+at import; unit tests drive it with vLLM's own output structs. Not installed in the EngineCore yet: that step (a
+patch of the spawned EngineCore's step, off by default) and its measurement on the H100 come next.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+# The fields of vLLM's EngineCoreOutput (0.26's and 0.32's) that this module knows. Any other field could carry
+# per-step data a merged output would lose, so a vLLM with another field is not held at all (`known_fields`).
+KNOWN_OUTPUT_FIELDS = frozenset(
+    {
+        "request_id",
+        "new_token_ids",
+        "new_logprobs",
+        "new_prompt_logprobs_tensors",
+        "pooling_output",
+        "finish_reason",
+        "stop_reason",
+        "events",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "trace_headers",
+        "prefill_stats",
+        "routed_experts",
+        "num_nans_in_logits",
+        "mm_cache_miss_hashes",
+        "new_sampling_mask",
+        "spec_decode_metrics",
+        "prompt_token_id_logprobs",
+    }
+)
+# EngineCoreOutputs' fields that are the message's envelope, not content: a message with no outputs left and
+# nothing but these is not sent.
+ENVELOPE_FIELDS = frozenset({"engine_index", "outputs", "timestamp", "weight_version"})
+KNOWN_MESSAGE_FIELDS = ENVELOPE_FIELDS | {
+    "scheduler_stats",
+    "utility_output",
+    "finished_requests",
+    "wave_complete",
+    "start_wave",
+}
+CLEANUP_STEPS = 256  # how often the held state of requests the scheduler no longer has (aborted) is dropped
+
+
+def known_fields(output_type: type, message_type: type) -> bool:
+    """Whether this vLLM's EngineCoreOutput and EngineCoreOutputs have only the fields this module knows."""
+    return (
+        set(output_type.__struct_fields__) <= KNOWN_OUTPUT_FIELDS
+        and set(message_type.__struct_fields__) <= KNOWN_MESSAGE_FIELDS
+    )
+
+
+def hold_interval(request: Any, stream_interval: int) -> float | None:
+    """How many tokens a request's outputs may gather before they go (math.inf: until it ends), or None: never held."""
+    params = getattr(request, "sampling_params", None)
+    if params is None or getattr(request, "pooling_params", None) is not None:
+        return None
+    if params.logprobs is not None or params.prompt_logprobs is not None or params.stop:
+        return None
+    from vllm.sampling_params import RequestOutputKind
+
+    if params.output_kind == RequestOutputKind.FINAL_ONLY:
+        return math.inf
+    return stream_interval if stream_interval > 1 else None
+
+
+def _only_new_tokens(output: Any) -> bool:
+    """Whether a not-finished output carries nothing but new token ids (and what every output of it repeats)."""
+    return (
+        output.events is None
+        and output.prefill_stats is None
+        and output.new_logprobs is None
+        and output.num_nans_in_logits == 0
+        and output.kv_transfer_params is None
+        and getattr(output, "routed_experts", None) is None
+        and getattr(output, "ec_transfer_params", None) is None
+        and getattr(output, "mm_cache_miss_hashes", None) is None
+        and getattr(output, "new_sampling_mask", None) is None
+        and getattr(output, "spec_decode_metrics", None) is None
+        and getattr(output, "prompt_token_id_logprobs", None) is None
+    )
+
+
+def _has_content(message: Any) -> bool:
+    return any(
+        getattr(message, name) not in (None, [], set())
+        for name in message.__struct_fields__
+        if name not in ENVELOPE_FIELDS
+    )
+
+
+class _Held:
+    __slots__ = ("interval", "token_ids")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.token_ids: list[int] = []
+
+
+class OutputHolder:
+    """One EngineCore's held outputs. `request_of(request_id)` gives the scheduler's request (None once it is gone);
+    `stream_interval` is vLLM's (its scheduler config's)."""
+
+    def __init__(self, request_of: Callable[[str], Any | None], stream_interval: int) -> None:
+        self._request_of = request_of
+        self._stream_interval = stream_interval
+        # request id -> its held state, or None: seen, never held. Absent: no output sent yet.
+        self._requests: dict[str, _Held | None] = {}
+        self._steps = 0
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def filter(self, outputs: dict[int, Any] | None) -> dict[int, Any] | None:
+        """One step's outputs by client, with what is held taken out (in place); clients left with nothing dropped."""
+        self._steps += 1
+        if self._steps % CLEANUP_STEPS == 0:
+            self._forget_gone()
+        if not outputs:
+            return outputs
+        for client, message in list(outputs.items()):
+            if message.outputs:
+                message.outputs = self._kept(message.outputs)
+                if not message.outputs and not _has_content(message):
+                    del outputs[client]
+        return outputs
+
+    def _kept(self, step_outputs: list[Any]) -> list[Any]:
+        kept = []
+        requests = self._requests
+        for output in step_outputs:
+            request_id = output.request_id
+            finished = output.finish_reason is not None
+            if request_id not in requests:  # its first output (the first token): sent at once
+                if not finished:
+                    request = self._request_of(request_id)
+                    interval = None if request is None else hold_interval(request, self._stream_interval)
+                    requests[request_id] = None if interval is None else _Held(interval)
+                kept.append(output)
+                continue
+            held = requests[request_id]
+            if held is not None:
+                gathered = len(held.token_ids) + len(output.new_token_ids)
+                if not finished and gathered < held.interval and _only_new_tokens(output):
+                    held.token_ids.extend(output.new_token_ids)
+                    continue
+                if held.token_ids:
+                    output = msgspec.structs.replace(output, new_token_ids=held.token_ids + output.new_token_ids)
+                    held.token_ids = []
+            if finished:
+                del requests[request_id]
+            kept.append(output)
+        return kept
+
+    def _forget_gone(self) -> None:
+        """Requests aborted or otherwise ended without a final output: nothing will ever flush them."""
+        for request_id in [r for r in self._requests if self._request_of(r) is None]:
+            del self._requests[request_id]
