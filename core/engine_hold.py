@@ -17,8 +17,7 @@ fewer, longer outputs, as it does for speculative decoding's several tokens a st
 
 Requests whose outputs must be seen each step are never held: logprobs or prompt logprobs (per-token data),
 stop strings (vLLM's front end finds them in the text and aborts the request), pooling. Triton-free and vLLM-free
-at import; unit tests drive it with vLLM's own output structs. Not installed in the EngineCore yet: that step (a
-patch of the spawned EngineCore's step, off by default) and its measurement on the H100 come next.
+at import (core/engine_hold_install.py puts it in the EngineCore); unit tests drive it with vLLM's own output structs.
 """
 
 from __future__ import annotations
@@ -131,6 +130,7 @@ class OutputHolder:
         # request id -> its held state, or None: seen, never held. Absent: no output sent yet.
         self._requests: dict[str, _Held | None] = {}
         self._steps = 0
+        self.held = 0  # outputs held so far (merged into a later one)
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -167,6 +167,7 @@ class OutputHolder:
                 gathered = len(held.token_ids) + len(output.new_token_ids)
                 if not finished and gathered < held.interval and _only_new_tokens(output):
                     held.token_ids.extend(output.new_token_ids)
+                    self.held += 1
                     continue
                 if held.token_ids:
                     output = msgspec.structs.replace(output, new_token_ids=held.token_ids + output.new_token_ids)

@@ -71,6 +71,10 @@ class CoreProcessSettings(Settings):
     # tokenized side by side, as by the preprocess model's instances. 0: the preprocess model does it. The core
     # then takes one request per execute (its inputs are the ensemble's public, unbatched inputs).
     preprocess_threads: int = Field(0, ge=0, le=64)
+    # vLLM's EngineCore keeps back each request's per-token outputs until its client reads them (core/engine_hold.py):
+    # a non-streamed (FINAL_ONLY) request's after its first token until it ends, a streamed one's between vLLM's
+    # stream_interval tokens; a front end then wakes for one message a request instead of one a token.
+    hold_outputs_in_engine: bool = False
 
 
 class CoreSettings(Settings):

@@ -38,6 +38,7 @@ from core.core_stats import CoreStats
 from core.cpu_placement import EnginePlacement
 from core.engine import Engine, prepare_process_environment
 from core.engine_config import ENGINE_ARGS_FILE, load_engine_args
+from core.engine_hold_install import install as hold_outputs_in_engine
 from core.engine_lags import EngineLags
 from core.front_ends import front_end
 from core.gc_heap import freeze_startup_heap
@@ -121,6 +122,11 @@ class CoreModel:
         # The engine's processes are the children of the front end that launched them.
         places = settings.core.engine_cpus and (fe is None or fe.launches_engine)
         placement = EnginePlacement(settings.core.engine_cpus) if places else None
+        if settings.core.hold_outputs_in_engine and not hold_outputs_in_engine():
+            self.logger.log_warn(
+                "vllm_core: core.hold_outputs_in_engine is off: this vLLM's engine outputs have fields the core does"
+                " not know (core/engine_hold.py), so every output is sent as vLLM makes it"
+            )
         self.engine = Engine(
             engine_args,
             lora_adapters=loras,

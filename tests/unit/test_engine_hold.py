@@ -55,7 +55,7 @@ def test_final_only_sends_the_first_token_then_everything_at_the_end():
     assert step(holder, {0: [out("a", 2)]}) == {}  # the client gets no message at all
     assert step(holder, {0: [out("a", 3)]}) == {}
     assert step(holder, {0: [out("a", 4, finish="length")]}) == {0: [("a", [2, 3, 4], "length")]}
-    assert len(holder) == 0
+    assert (len(holder), holder.held) == (0, 2)
 
 
 def test_streamed_requests_go_every_stream_interval_tokens():
