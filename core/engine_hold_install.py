@@ -1,10 +1,11 @@
 """core/engine_hold.py's OutputHolder inside vLLM's EngineCore (deployment key `core.hold_outputs_in_engine`).
 
-The EngineCore's `step` and `step_with_batch_queue` return each step's outputs by client; wrapped, they return
-them through one OutputHolder per EngineCore. An EngineCore in this process (vLLM's multiprocessing off) or forked
-from it gets the wrapped class; a spawned one (the GPU default, core/engine_start_method.py) is a fresh
-interpreter, so vLLM's launcher is given a process target of this module's that wraps the class there first, then
-runs vLLM's own `run_engine_core`.
+Where the holding runs: in an EngineCore process (vLLM's EngineCoreProc, the GPU default) on its output thread,
+which takes each client's message off the output queue to encode and send it; a held output then costs that thread
+less than sending it did, and the busy loop nothing. The queue's class is swapped for one whose `get` filters. An
+EngineCore in the core's own process (vLLM's multiprocessing off) has no output thread: its `step` is wrapped
+instead. A spawned EngineCore (core/engine_start_method.py) is a fresh interpreter, so vLLM's launcher is given a
+process target of this module's that installs the holding there first, then runs vLLM's own `run_engine_core`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -53,28 +55,75 @@ setattr(run_engine_core, _MARK, True)
 
 
 def hold_in_this_process() -> None:
-    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.engine.core import EngineCore, EngineCoreProc
 
     for name in ("step", "step_with_batch_queue"):
         step = getattr(EngineCore, name)
         if not getattr(step, _MARK, False):
-            setattr(EngineCore, name, _holding(step))
+            setattr(EngineCore, name, _holding_step(step))
+    if not getattr(EngineCoreProc.__init__, _MARK, False):
+        EngineCoreProc.__init__ = _holding_queue(EngineCoreProc.__init__)
 
 
-def _holding(step: Callable[..., Any]) -> Callable[..., Any]:
+def _holder(engine_core: Any) -> OutputHolder:
+    return OutputHolder(engine_core.scheduler.requests.get, engine_core.vllm_config.scheduler_config.stream_interval)
+
+
+def _holding_step(step: Callable[..., Any]) -> Callable[..., Any]:
+    """An in-process EngineCore's step, its outputs through a holder (an EngineCoreProc's go through its queue)."""
+
     @functools.wraps(step)
     def holding_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         outputs, model_executed = step(self, *args, **kwargs)
+        if "output_queue" in self.__dict__:
+            return outputs, model_executed
         holder = self.__dict__.get("_output_holder")
         if holder is None:
-            holder = self._output_holder = OutputHolder(
-                self.scheduler.requests.get, self.vllm_config.scheduler_config.stream_interval
-            )
+            holder = self._output_holder = _holder(self)
         outputs = holder.filter(outputs)
-        if holder.held and not self.__dict__.get("_output_holder_said"):
-            self._output_holder_said = True
-            log.info("core.hold_outputs_in_engine: this EngineCore (process %d) holds outputs", os.getpid())
+        _say_once(self, holder)
         return outputs, model_executed
 
     setattr(holding_step, _MARK, True)
     return holding_step
+
+
+def _holding_queue(init: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(init)
+    def holding_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        # The output thread may already wait in the old class's get: it takes one message unfiltered, then the next
+        # through _HoldingQueue.get (a queue.Queue subclass with no state of its own, so the swap is safe).
+        self.output_queue.holder = _holder(self)
+        self.output_queue.said = False
+        self.output_queue.__class__ = _HoldingQueue
+
+    setattr(holding_init, _MARK, True)
+    return holding_init
+
+
+class _HoldingQueue(queue.Queue):
+    """vLLM's output queue, whose consumer (the output thread) gets each client's message with what is held taken
+    out, and no message when nothing is left."""
+
+    holder: OutputHolder
+    said: bool
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        while True:
+            item = super().get(block, timeout)
+            if not isinstance(item, tuple) or self.holder.keeps(item[1]):
+                if not self.said and self.holder.held:
+                    self.said = True
+                    _announce()
+                return item
+
+
+def _say_once(engine_core: Any, holder: OutputHolder) -> None:
+    if holder.held and not engine_core.__dict__.get("_output_holder_said"):
+        engine_core._output_holder_said = True
+        _announce()
+
+
+def _announce() -> None:
+    log.info("core.hold_outputs_in_engine: this EngineCore (process %d) holds outputs", os.getpid())

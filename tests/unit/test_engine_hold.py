@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs  # noqa: E402
 
-from core.engine_hold import CLEANUP_STEPS, OutputHolder, hold_interval, known_fields  # noqa: E402
+from core.engine_hold import CLEANUP_MESSAGES, OutputHolder, hold_interval, known_fields  # noqa: E402
 
 
 def request(kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY, **params: object) -> SimpleNamespace:
@@ -104,6 +104,6 @@ def test_aborted_requests_are_forgotten():
     step(holder, {0: [out("a", 1)]})
     step(holder, {0: [out("a", 2)]})
     del requests["a"]  # aborted: the scheduler drops it and sends no final output
-    for _ in range(CLEANUP_STEPS):
-        holder.filter({})
+    for _ in range(CLEANUP_MESSAGES):
+        holder.keeps(EngineCoreOutputs())
     assert len(holder) == 0
