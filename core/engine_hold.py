@@ -8,12 +8,13 @@ message, holding the interpreter lock its busy loop needs) had 10 % of that loop
 front ends against 4 % with one client, and the server spent twice `vllm serve`'s CPU per token
 (docs/performance-gpu.md, session 72).
 
-`OutputHolder.filter` takes one step's outputs, per client, as the EngineCore's scheduler made them, and keeps back
-what nobody reads yet: after a request's first output (sent at once: it carries the first token vLLM's front end
-times TTFT by, and the prefill statistics), its next outputs are merged into one that goes when it ends (FINAL_ONLY),
-when N tokens have gathered (streamed), or as soon as an output carries anything besides new token ids. A client
-whose outputs are all held gets no message that step. vLLM's front end then builds the same RequestOutputs from
-fewer, longer outputs, as it does for speculative decoding's several tokens a step.
+`OutputHolder.keeps` takes one client's message of a step's outputs, as the EngineCore's scheduler made it
+(`filter`: a whole step's, by client), and keeps back what nobody reads yet: after a request's first output (sent at
+once: it carries the first token vLLM's front end times TTFT by, and the prefill statistics), its next outputs are
+merged into one that goes when it ends (FINAL_ONLY), when N tokens have gathered (streamed), or as soon as an output
+carries anything besides new token ids. A client whose outputs are all held gets no message that step. vLLM's front
+end then builds the same RequestOutputs from fewer, longer outputs, as it does for speculative decoding's several
+tokens a step.
 
 Requests whose outputs must be seen each step are never held: logprobs or prompt logprobs (per-token data),
 stop strings (vLLM's front end finds them in the text and aborts the request), pooling. Triton-free and vLLM-free
@@ -107,8 +108,8 @@ MESSAGE_CONTENT_FIELDS = tuple(sorted(KNOWN_MESSAGE_FIELDS - ENVELOPE_FIELDS))
 
 def _per_step_check(output_type: type) -> Callable[[Any], bool]:
     """A test of whether an output of `output_type` carries nothing per step but its new token ids: one `and` chain
-    of this vLLM's fields, compiled once (the EngineCore's loop runs it for every held output of every step; a loop
-    over the fields took four times as long)."""
+    of this vLLM's fields, compiled once (the EngineCore's output thread runs it for every held output of every step;
+    a loop over the fields took four times as long)."""
     names = [name for name in PER_STEP_FIELDS if name in output_type.__struct_fields__]
     # `is None`, not `==`: some of these fields are arrays, whose == is elementwise. The names are this module's.
     return eval("lambda output: output.num_nans_in_logits == 0" + "".join(f" and output.{n} is None" for n in names))

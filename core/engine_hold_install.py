@@ -23,6 +23,7 @@ from core.engine_hold import OutputHolder, known_fields
 log = logging.getLogger("vllm.engine_hold")
 _MARK = "_holds_outputs"  # on what this module installed: installing twice changes nothing
 _original_run_engine_core: Callable[..., Any] | None = None  # vLLM's, in the process that installed the target
+_announced = False  # _announce_once's
 
 
 def install() -> bool:
@@ -81,7 +82,7 @@ def _holding_step(step: Callable[..., Any]) -> Callable[..., Any]:
         if holder is None:
             holder = self._output_holder = _holder(self)
         outputs = holder.filter(outputs)
-        _say_once(self, holder)
+        _announce_once(holder)
         return outputs, model_executed
 
     setattr(holding_step, _MARK, True)
@@ -95,7 +96,6 @@ def _holding_queue(init: Callable[..., Any]) -> Callable[..., Any]:
         # The output thread may already wait in the old class's get: it takes one message unfiltered, then the next
         # through _HoldingQueue.get (a queue.Queue subclass with no state of its own, so the swap is safe).
         self.output_queue.holder = _holder(self)
-        self.output_queue.said = False
         self.output_queue.__class__ = _HoldingQueue
 
     setattr(holding_init, _MARK, True)
@@ -107,23 +107,19 @@ class _HoldingQueue(queue.Queue):
     out, and no message when nothing is left."""
 
     holder: OutputHolder
-    said: bool
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         while True:
             item = super().get(block, timeout)
             if not isinstance(item, tuple) or self.holder.keeps(item[1]):
-                if not self.said and self.holder.held:
-                    self.said = True
-                    _announce()
+                _announce_once(self.holder)
                 return item
 
 
-def _say_once(engine_core: Any, holder: OutputHolder) -> None:
-    if holder.held and not engine_core.__dict__.get("_output_holder_said"):
-        engine_core._output_holder_said = True
-        _announce()
-
-
-def _announce() -> None:
-    log.info("core.hold_outputs_in_engine: this EngineCore (process %d) holds outputs", os.getpid())
+def _announce_once(holder: OutputHolder) -> None:
+    """The log line that says this process's EngineCore holds outputs, once it has held one (one EngineCore a
+    process)."""
+    global _announced
+    if holder.held and not _announced:
+        _announced = True
+        log.info("core.hold_outputs_in_engine: this EngineCore (process %d) holds outputs", os.getpid())
